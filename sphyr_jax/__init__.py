@@ -1,0 +1,72 @@
+"""sphyr_jax: differentiable, batched physics scoring for the SPhyR benchmark.
+
+float64 is required: call ``sphyr_jax.enable_x64()`` (or
+``jax.config.update("jax_enable_x64", True)``) once at program start.  Importing
+this package never changes JAX's global configuration.
+"""
+
+from sphyr_jax.fea import (
+    SINGULARITY_RATIO,
+    Analysis,
+    Solution,
+    Solver,
+    analyze,
+    compliance,
+    dense_stiffness,
+    element_strain_energy,
+    enable_x64,
+    require_x64,
+    simp_moduli,
+    solve,
+)
+from sphyr_jax.grids import (
+    GridReport,
+    InvalidProblemError,
+    as_grid,
+    densities_from_grid,
+    extract_grid,
+    format_design,
+    grid_to_text,
+)
+from sphyr_jax.loadcase import (
+    LoadCase,
+    gravity_from_folder,
+    index_load_case,
+    load_case_from_grid,
+    stack_load_cases,
+)
+from sphyr_jax.mesh import E0, EMIN, NU, element_stiffness, get_mesh
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "E0",
+    "EMIN",
+    "NU",
+    "SINGULARITY_RATIO",
+    "Analysis",
+    "GridReport",
+    "InvalidProblemError",
+    "LoadCase",
+    "Solution",
+    "Solver",
+    "analyze",
+    "as_grid",
+    "compliance",
+    "dense_stiffness",
+    "densities_from_grid",
+    "element_stiffness",
+    "element_strain_energy",
+    "enable_x64",
+    "extract_grid",
+    "format_design",
+    "get_mesh",
+    "gravity_from_folder",
+    "grid_to_text",
+    "index_load_case",
+    "load_case_from_grid",
+    "require_x64",
+    "simp_moduli",
+    "solve",
+    "stack_load_cases",
+]

@@ -1,0 +1,209 @@
+"""Load cases: the boundary conditions of one sample as fixed-shape arrays.
+
+A :class:`LoadCase` holds everything that varies between samples of one grid
+shape as arrays (masks, pinned densities, force vector, free-DOF mask, load
+direction, material budget), so load cases of one shape stack into a batch and
+one compiled function serves them all.  DOF conventions: :mod:`sphyr_jax.mesh`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sphyr_jax.grids import (
+    InvalidProblemError,
+    as_grid,
+    check_rectangular,
+    densities_from_grid,
+    token_masks,
+)
+
+DEFAULT_GRAVITY = (1.0, 0.0)
+
+_ROTATION_GRAVITY = (
+    ("3_rotations", (0.0, 1.0)),
+    ("2_rotations", (-1.0, 0.0)),
+    ("1_rotations", (0.0, -1.0)),
+)
+
+
+class LoadCase(eqx.Module):
+    """Boundary conditions of one sample (or a batch: leading axes on every field).
+
+    Attributes:
+        load_mask: (..., nely, nelx) bool, ``L`` cells.
+        support_mask: (..., nely, nelx) bool, ``S`` cells.
+        design_mask: (..., nely, nelx) bool, cells the optimiser may change.
+        pinned: (..., nely, nelx) float64, ground-truth densities (L/S solid);
+            the value every non-design cell keeps.
+        force: (..., n_dofs) float64, nodal load vector (zero on fixed DOFs).
+        free_dofs: (..., n_dofs) bool.
+        gravity: (..., 2) float64, unit load direction as a (row, col) step.
+        volume_fraction: (...) float64, ground-truth volume fraction (the budget).
+    """
+
+    load_mask: jax.Array
+    support_mask: jax.Array
+    design_mask: jax.Array
+    pinned: jax.Array
+    force: jax.Array
+    free_dofs: jax.Array
+    gravity: jax.Array
+    volume_fraction: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Grid shape (nely, nelx)."""
+        return tuple(self.load_mask.shape[-2:])
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(self.load_mask.shape[:-2])
+
+    @property
+    def structural_mask(self) -> jax.Array:
+        return self.load_mask | self.support_mask
+
+
+def gravity_from_folder(name: str) -> tuple[float, float]:
+    """Load direction (row, col) encoded in a results folder name.
+
+    ``3_rotations`` -> (0, 1), ``2_rotations`` -> (-1, 0), ``1_rotations`` ->
+    (0, -1), anything else -> (1, 0) (down).
+    """
+    for key, direction in _ROTATION_GRAVITY:
+        if key in name:
+            return direction
+    return DEFAULT_GRAVITY
+
+
+def normalise_gravity(gravity_dir) -> np.ndarray:
+    """Unit (row, col) direction; raises InvalidProblemError if unusable."""
+    try:
+        g = np.asarray(gravity_dir, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise InvalidProblemError(f"gravity_dir must be two numbers, got {gravity_dir!r}") from exc
+    if g.shape != (2,) or not np.all(np.isfinite(g)):
+        raise InvalidProblemError(f"gravity_dir must be two finite numbers, got {gravity_dir!r}")
+    norm = math.hypot(g[0], g[1])
+    if norm == 0.0:
+        raise InvalidProblemError("gravity_dir must be non-zero")
+    return g / norm
+
+
+def force_vector(load_mask: np.ndarray, gravity: np.ndarray) -> np.ndarray:
+    """Unit resultant split equally over the four nodes of every load cell.
+
+    Each load cell gives $1 / (4 n_L)$ to each of its nodes (shared nodes
+    accumulate): $f_{2v} \\mathrel{+}= \\text{share}\\, g_{col}$,
+    $f_{2v+1} \\mathrel{+}= \\text{share}\\, g_{row}$.
+    """
+    nely, nelx = load_mask.shape
+    count = int(load_mask.sum())
+    node_share = np.zeros((nely + 1, nelx + 1))
+    if count:
+        share = 1.0 / (4.0 * count)
+        cells = load_mask.astype(np.float64) * share
+        for dr in (0, 1):
+            for dc in (0, 1):
+                node_share[dr : dr + nely, dc : dc + nelx] += cells
+    f = np.zeros(((nely + 1) * (nelx + 1), 2))
+    f[:, 0] = node_share.reshape(-1) * gravity[1]
+    f[:, 1] = node_share.reshape(-1) * gravity[0]
+    return f.reshape(-1)
+
+
+def free_dof_mask(support_mask: np.ndarray) -> np.ndarray:
+    """False on both DOFs of all four nodes of every support cell."""
+    nely, nelx = support_mask.shape
+    fixed_nodes = np.zeros((nely + 1, nelx + 1), dtype=bool)
+    for dr in (0, 1):
+        for dc in (0, 1):
+            fixed_nodes[dr : dr + nely, dc : dc + nelx] |= support_mask
+    return np.repeat(~fixed_nodes.reshape(-1), 2)
+
+
+def design_mask_from_input(input_grid, shape: tuple[int, int], structural: np.ndarray):
+    """``V`` cells of the input grid; all non-L/S cells if it is missing or misfits."""
+    mask = None
+    if input_grid is not None:
+        try:
+            grid = as_grid(input_grid)
+            if check_rectangular(grid, "input grid") == tuple(shape):
+                mask = token_masks(grid)[2]
+        except InvalidProblemError:
+            mask = None
+    if mask is None:
+        mask = np.ones(shape, dtype=bool)
+    return mask & ~structural
+
+
+def load_case_from_grid(gt_grid, input_grid=None, gravity_dir=DEFAULT_GRAVITY) -> LoadCase:
+    """Boundary conditions of a sample, read from its ground-truth grid.
+
+    Args:
+        gt_grid: ground truth, as text or token lists.  Its ``L``/``S`` cells
+            define the load and supports; its densities are the pinned values.
+        input_grid: the masked input grid; its ``V`` cells (minus L/S) form the
+            design region.  If missing or of another shape, every non-L/S cell
+            is a design cell.
+        gravity_dir: load direction as a (row, col) step, normalised.
+
+    Returns:
+        A :class:`LoadCase` of NumPy float64/bool arrays (a valid JAX PyTree).
+
+    Raises:
+        InvalidProblemError: empty or ragged grid, no ``L`` cell, no ``S`` cell,
+            or an unusable gravity direction.
+    """
+    grid = as_grid(gt_grid)
+    shape = check_rectangular(grid, "ground-truth grid")
+    load, support, _ = token_masks(grid)
+    if not load.any():
+        raise InvalidProblemError("ground-truth grid contains no load ('L') cells")
+    if not support.any():
+        raise InvalidProblemError("ground-truth grid contains no support ('S') cells")
+    gravity = normalise_gravity(gravity_dir)
+    pinned, _ = densities_from_grid(grid)
+    design = design_mask_from_input(input_grid, shape, load | support)
+    free = free_dof_mask(support)
+    force = force_vector(load, gravity) * free
+    return LoadCase(
+        load_mask=load,
+        support_mask=support,
+        design_mask=design,
+        pinned=pinned,
+        force=force,
+        free_dofs=free,
+        gravity=gravity,
+        volume_fraction=np.float64(pinned.mean()),
+    )
+
+
+def stack_load_cases(cases: Sequence[LoadCase]) -> LoadCase:
+    """Stack load cases of one grid shape along a new leading axis (NumPy)."""
+    if not cases:
+        raise ValueError("no load cases to stack")
+    shapes = {c.shape for c in cases}
+    if len(shapes) != 1:
+        raise ValueError(f"load cases have different grid shapes: {sorted(shapes)}")
+    return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *cases)
+
+
+def index_load_case(case: LoadCase, index) -> LoadCase:
+    """Select entries of a batched load case."""
+    return jax.tree.map(lambda x: x[index], case)
+
+
+def with_budget(case: LoadCase, volume_fraction) -> LoadCase:
+    """The same load case with another material budget."""
+    return eqx.tree_at(lambda c: c.volume_fraction, case,
+                       jnp.asarray(volume_fraction, dtype=jnp.float64)
+                       if isinstance(case.volume_fraction, jax.Array)
+                       else np.asarray(volume_fraction, dtype=np.float64))
