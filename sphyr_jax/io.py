@@ -1,0 +1,286 @@
+"""Crash-safe file writing and strict JSON / JSON-lines reading.
+
+Conventions: text is UTF-8.  A write goes to a temporary file in the target's
+own directory (so ``os.replace`` is an atomic rename on the same file system),
+is flushed and fsynced, then renamed over the target; on any failure the
+temporary file is removed and the target keeps its previous bytes (or stays
+absent).  New files get the usual ``0o666 & ~umask`` permissions; a replaced
+file keeps its permission bits.  JSON is written strictly (``NaN`` and
+``Infinity`` are refused: store non-finite numbers as ``null``).  Readers name
+the path, and for JSON lines the 1-based line number, of anything unreadable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+PathLike = str | os.PathLike
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
+class CorruptFileError(ValueError):
+    """A file that exists but does not hold what its format promises.
+
+    Attributes:
+        path: the offending file.
+        line: 1-based line number of the problem, or None for the whole file.
+    """
+
+    def __init__(self, message: str, path: PathLike, line: int | None = None):
+        super().__init__(message)
+        self.path = os.fspath(path)
+        self.line = line
+
+
+def _fsync_dir(directory: str) -> None:
+    """Persist a rename on POSIX; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _target_mode(path: str) -> int:
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~_UMASK
+
+
+def _write_temp(path: str, writer: Callable[[Any], None], encoding: str) -> str:
+    """Write a temporary sibling of ``path`` with ``writer(file)``; return its name.
+
+    The temporary file is flushed and fsynced; it is removed if anything fails.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding=encoding, newline="") as handle:
+            writer(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, _target_mode(path))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _atomic_write(path: PathLike, writer: Callable[[Any], None], encoding: str) -> None:
+    path = os.fspath(path)
+    tmp = _write_temp(path, writer, encoding)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> None:
+    """Replace the contents of ``path`` with ``text`` atomically.
+
+    Readers see either the old file or the complete new one, never a mix.
+
+    Args:
+        path: target file; its directory must exist.
+        text: the new contents (written as is, no newline translation).
+        encoding: text encoding.
+
+    Raises:
+        OSError: if the file cannot be written; the target is then unchanged.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, not {type(text).__name__}")
+    _atomic_write(path, lambda handle: handle.write(text), encoding)
+
+
+def atomic_write_json(path: PathLike, obj: Any, indent: int | None = 2) -> None:
+    """Serialise ``obj`` as strict JSON into ``path`` atomically.
+
+    The object is streamed into the temporary file, so an error raised part
+    way through serialisation (an unserialisable value, a NaN) leaves the
+    target untouched and no temporary file behind.
+
+    Args:
+        path: target file; its directory must exist.
+        obj: a JSON-serialisable value (no NaN / infinity).
+        indent: ``json.dump`` indentation (None for one line).
+
+    Raises:
+        TypeError: for values JSON cannot represent.
+        ValueError: for NaN or infinite floats.
+        OSError: if the file cannot be written.
+    """
+
+    def writer(handle) -> None:
+        json.dump(obj, handle, indent=indent, allow_nan=False, ensure_ascii=False)
+        handle.write("\n")
+
+    _atomic_write(path, writer, "utf-8")
+
+
+def atomic_write_files(contents: Mapping[PathLike, str], encoding: str = "utf-8") -> None:
+    """Write several text files as one all-or-nothing operation.
+
+    Every new file is first written to a temporary sibling (flushed, fsynced);
+    only when all of them exist are they renamed into place.  Existing targets
+    are kept as hard-link (or copy) backups during the renames, so a failure
+    part way through restores every target to its previous bytes, removes
+    targets that did not exist before, and deletes all temporary files.
+
+    Args:
+        contents: mapping from target path to its new text.  Directories must
+            exist.
+        encoding: text encoding.
+
+    Raises:
+        OSError: if anything cannot be written; no target is then changed.
+    """
+    items = [(os.fspath(path), text) for path, text in contents.items()]
+    if len({os.path.abspath(p) for p, _ in items}) != len(items):
+        raise ValueError("atomic_write_files: the same target appears twice")
+    temps: dict[str, str] = {}
+    backups: dict[str, str | None] = {}
+    replaced: list[str] = []
+    try:
+        for path, text in items:
+            if not isinstance(text, str):
+                raise TypeError(f"contents for {path} must be str")
+            temps[path] = _write_temp(path, lambda h, t=text: h.write(t), encoding)
+        for path, _ in items:
+            backups[path] = _backup(path)
+            os.replace(temps[path], path)
+            replaced.append(path)
+    except BaseException:
+        for path in reversed(replaced):
+            with contextlib.suppress(OSError):
+                previous = backups.get(path)
+                if previous is None:
+                    os.unlink(path)
+                else:
+                    os.replace(previous, path)
+                    backups[path] = None
+        for tmp in temps.values():
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        for backup in backups.values():
+            if backup is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(backup)
+        raise
+    for backup in backups.values():
+        if backup is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(backup)
+    for directory in {os.path.dirname(os.path.abspath(p)) for p, _ in items}:
+        _fsync_dir(directory)
+
+
+def _backup(path: str) -> str | None:
+    """A hidden second name for an existing file (None if there is no file)."""
+    if not os.path.exists(path):
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, backup = tempfile.mkstemp(
+        dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".bak"
+    )
+    os.close(fd)
+    os.unlink(backup)
+    try:
+        os.link(path, backup)
+    except OSError:
+        import shutil
+
+        shutil.copy2(path, backup)
+    return backup
+
+
+def _read_text(path: PathLike) -> str:
+    try:
+        with open(path, encoding="utf-8-sig") as handle:  # tolerate a BOM
+            return handle.read()
+    except UnicodeDecodeError as exc:
+        raise CorruptFileError(f"{os.fspath(path)}: not valid UTF-8 text ({exc})", path) from exc
+
+
+def read_json(path: PathLike) -> Any:
+    """Parse a JSON file.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The decoded value.
+
+    Raises:
+        FileNotFoundError: if the file does not exist.
+        CorruptFileError: if it is not UTF-8 JSON (the message names the path,
+            line and column); the file itself is never modified.
+    """
+    text = _read_text(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CorruptFileError(
+            f"{os.fspath(path)}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+            path,
+            exc.lineno,
+        ) from exc
+
+
+def read_jsonl_numbered(path: PathLike) -> list[tuple[int, Any]]:
+    """Like :func:`read_jsonl`, but pairs each value with its 1-based line number."""
+    text = _read_text(path)
+    values = []
+    # split on "\n" only: str.splitlines would also break at U+2028 and
+    # friends, which JSON allows unescaped inside strings.
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            values.append((number, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise CorruptFileError(
+                f"{os.fspath(path)}, line {number}: invalid JSON: {exc.msg}", path, number
+            ) from exc
+    return values
+
+
+def read_jsonl(path: PathLike) -> list[Any]:
+    """Parse a JSON-lines file (one JSON value per line; blank lines skipped).
+
+    Args:
+        path: the file.
+
+    Returns:
+        The decoded values in file order.
+
+    Raises:
+        FileNotFoundError: if the file does not exist.
+        CorruptFileError: naming the path and 1-based line of the first line
+            that is not valid JSON.
+    """
+    return [value for _, value in read_jsonl_numbered(path)]
