@@ -230,6 +230,30 @@ def _solve_chunk_bwd(mesh, solver, res, cts):
 _solve_chunk.defvjp(_solve_chunk_fwd, _solve_chunk_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _compliance_chunk(mesh: Mesh, solver: Solver, moduli, force, free):
+    """c = f^T K~^{-1} f; returns (c, converged, iterations)."""
+    f = force * free
+    u, conv, its = _solve_any(mesh, solver, moduli, free, f)
+    return jnp.sum(f * u, axis=0), conv, its
+
+
+def _compliance_chunk_fwd(mesh, solver, moduli, force, free):
+    f = force * free
+    u, conv, its = _solve_any(mesh, solver, moduli, free, f)
+    return (jnp.sum(f * u, axis=0), conv, its), (free, u)
+
+
+def _compliance_chunk_bwd(mesh, solver, res, cts):
+    # Self-adjoint: the adjoint of c = f^T u is u itself, so no extra solve.
+    free, u = res
+    c_bar = cts[0]
+    return -c_bar * _element_energy(mesh, u, u), 2.0 * c_bar * u * free, None
+
+
+_compliance_chunk.defvjp(_compliance_chunk_fwd, _compliance_chunk_bwd)
+
+
 def _chunked(fn, chunk: int, *arrays):
     """Apply a batch-last ``fn`` chunk by chunk (lax.map) when the batch is large."""
     nb = arrays[0].shape[-1]
@@ -263,7 +287,7 @@ def _flatten_batch(load_case: LoadCase, densities: jax.Array):
         raise ValueError(
             f"densities have grid shape {densities.shape[-2:]}, load case has {shape}"
         )
-    batch = jnp.broadcast_shapes(load_case.batch_shape, densities.shape[:-2])
+    batch = tuple(jnp.broadcast_shapes(load_case.batch_shape, densities.shape[:-2]))
     nb = math.prod(batch)
     n = 2 * (shape[0] + 1) * (shape[1] + 1)
     rho = jnp.broadcast_to(densities, batch + shape).reshape((nb,) + shape)
@@ -272,17 +296,10 @@ def _flatten_batch(load_case: LoadCase, densities: jax.Array):
     return batch, rho, force, free
 
 
-def _solve_batch(shape, solver: Solver, moduli, force, free):
-    """Batch-first (B, nely, nelx), (B, n), (B, n) -> u (B, n), converged, iterations."""
+def _to_batch_last(shape, solver: Solver, moduli, force, free):
     mesh = get_mesh(*shape, block=solver.block)
-    moduli_t = jnp.moveaxis(moduli, 0, -1)
-    force_t = jnp.moveaxis(force, 0, -1)
-    free_t = jnp.moveaxis(free.astype(moduli.dtype), 0, -1)
-    u, conv, its = _chunked(
-        lambda m, f, fr: _solve_chunk(mesh, solver, m, f, fr),
-        default_chunk(solver), moduli_t, force_t, free_t,
-    )
-    return jnp.moveaxis(u, -1, 0), conv, its
+    return (mesh, jnp.moveaxis(moduli, 0, -1), jnp.moveaxis(force, 0, -1),
+            jnp.moveaxis(free.astype(moduli.dtype), 0, -1))
 
 
 class Solution(eqx.Module):
@@ -302,21 +319,14 @@ class Solution(eqx.Module):
     iterations: jax.Array
 
 
-def solve(load_case: LoadCase, densities, penal=3.0, solver="banded") -> Solution:
-    """Solve $K(\\rho) u = f$ for densities with any leading batch axes.
+def _prepare(load_case: LoadCase, densities, penal):
+    """Flatten the batch and swap ill-posed problems for harmless ones.
 
-    Args:
-        load_case: boundary conditions (possibly batched).
-        densities: (..., nely, nelx) densities, clipped to [0, 1]; the batch axes
-            broadcast against the load case's.
-        penal: SIMP exponent $p$.
-        solver: ``"banded"``, ``"dense"``, ``"cg"`` or a :class:`Solver`.
-
-    Returns:
-        A :class:`Solution` with the broadcast batch shape.
+    Where-twice: a problem without load or support, or with non-finite
+    densities, is replaced by a well-posed one before the solve, so neither its
+    value nor its gradient can turn into NaN; its compliance is reported inf.
     """
     require_x64()
-    solver = as_solver(solver)
     densities = jnp.asarray(densities, dtype=jnp.float64)
     batch, rho, force, free = _flatten_batch(load_case, densities)
     force = jnp.asarray(force, jnp.float64)
@@ -324,15 +334,38 @@ def solve(load_case: LoadCase, densities, penal=3.0, solver="banded") -> Solutio
     has_support = jnp.any(~jnp.asarray(free, bool), axis=-1)
     finite_rho = jnp.all(jnp.isfinite(rho), axis=(-2, -1))
     ok = has_load & has_support & finite_rho
-    # Where-twice: an ill-posed problem is swapped for a harmless one before the
-    # solve, so neither its value nor its gradient can turn into NaN.
     safe_rho = jnp.where(ok[:, None, None], rho, 1.0)
     safe_free = jnp.where(ok[:, None], free, False)
-    u, conv, its = _solve_batch(load_case.shape, solver, simp_moduli(safe_rho, penal),
-                                force, safe_free)
-    c = jnp.sum(force * u, axis=-1)
+    penal = jnp.broadcast_to(jnp.asarray(penal, jnp.float64), batch).reshape(-1, 1, 1)
+    return batch, simp_moduli(safe_rho, penal), force, safe_free, ok
+
+
+def _finalise(c, ok):
     valid = ok & jnp.isfinite(c) & (c >= 0.0)
-    c = jnp.where(valid, c, jnp.inf)
+    return jnp.where(valid, c, jnp.inf)
+
+
+def solve(load_case: LoadCase, densities, penal=3.0, solver="banded") -> Solution:
+    """Solve $K(\\rho) u = f$ for densities with any leading batch axes.
+
+    Args:
+        load_case: boundary conditions (possibly batched).
+        densities: (..., nely, nelx) densities, clipped to [0, 1]; the batch axes
+            broadcast against the load case's.
+        penal: SIMP exponent $p$, a scalar or an array of the batch shape.
+        solver: ``"banded"``, ``"dense"``, ``"cg"`` or a :class:`Solver`.
+
+    Returns:
+        A :class:`Solution` with the broadcast batch shape.  Differentiating
+        its displacements costs one more solve with the same factorisation.
+    """
+    solver = as_solver(solver)
+    batch, moduli, force, free, ok = _prepare(load_case, densities, penal)
+    mesh, m_t, f_t, fr_t = _to_batch_last(load_case.shape, solver, moduli, force, free)
+    u, conv, its = _chunked(lambda m, f, fr: _solve_chunk(mesh, solver, m, f, fr),
+                            default_chunk(solver), m_t, f_t, fr_t)
+    u = jnp.moveaxis(u, -1, 0)
+    c = _finalise(jnp.sum(force * u, axis=-1), ok)
     n = force.shape[-1]
     return Solution(
         displacements=u.reshape(batch + (n,)),
@@ -345,13 +378,20 @@ def solve(load_case: LoadCase, densities, penal=3.0, solver="banded") -> Solutio
 def compliance(load_case: LoadCase, densities, penal=3.0, solver="banded") -> jax.Array:
     """Compliance $c = f \\cdot u$ of densities under a load case.
 
-    Differentiable with respect to ``densities`` (one extra solve per backward
-    pass), jit-able and batchable; see :func:`solve` for the arguments.
+    jit-able, batchable (see :func:`solve` for the arguments) and differentiable
+    with respect to ``densities``: the backward pass reuses the forward
+    displacements (compliance is self-adjoint, $\\partial c / \\partial E_e =
+    -u_e^T K_e u_e$), so a gradient costs no extra solve.
 
     Returns:
         (...) compliance; +inf for load-less, support-less or invalid problems.
     """
-    return solve(load_case, densities, penal, solver).compliance
+    solver = as_solver(solver)
+    batch, moduli, force, free, ok = _prepare(load_case, densities, penal)
+    mesh, m_t, f_t, fr_t = _to_batch_last(load_case.shape, solver, moduli, force, free)
+    c, _, _ = _chunked(lambda m, f, fr: _compliance_chunk(mesh, solver, m, f, fr),
+                       default_chunk(solver), m_t, f_t, fr_t)
+    return _finalise(c, ok).reshape(batch)
 
 
 class Analysis(eqx.Module):

@@ -13,6 +13,7 @@ else in a cell (``nan``, ``inf``, full-width digits, words) is unparsable.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -53,7 +54,10 @@ def parse_number(token) -> float | None:
     if isinstance(token, bool):
         return None
     if isinstance(token, (int, float, np.integer, np.floating)):
-        value = float(token)
+        try:
+            value = float(token)
+        except OverflowError:  # a Python int beyond the float range
+            return math.inf if token > 0 else -math.inf
         return None if math.isnan(value) else value
     if not isinstance(token, str):
         return None
@@ -91,11 +95,18 @@ def _normalise_text(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def _cell_text(token) -> str:
+    try:
+        return str(token).strip()
+    except ValueError:  # e.g. an int too long for str(); unparsable
+        return "?"
+
+
 def _from_nested(value) -> Grid | None:
     if not isinstance(value, (list, tuple)) or not value:
         return None
     if all(isinstance(row, (list, tuple)) for row in value):
-        return [[str(t).strip() for t in row] for row in value]
+        return [[_cell_text(t) for t in row] for row in value]
     if all(isinstance(row, str) for row in value):
         return [_split_row(row) for row in value]
     return None
@@ -137,8 +148,8 @@ def extract_grid(text) -> Grid | None:
 
     Handles code fences (with or without a language tag, even mid-line), prose
     before and after, trailing spaces, blank lines, double-spaced rows, commas
-    or brackets around cells, JSON lists of lists, and text stored as an
-    escaped Python/JSON string literal.  When several grids appear, the last
+    or brackets around cells, JSON (or Python-literal) lists of lists, and text
+    stored as an escaped Python/JSON string literal.  When several grids appear, the last
     rectangular one wins (models restate their final answer last); if none is
     rectangular the last grid-like block is returned as it is, so callers can
     report its wrong shape.
@@ -158,12 +169,14 @@ def extract_grid(text) -> Grid | None:
     text = _normalise_text(text)
     stripped = text.strip()
     if stripped.startswith("["):
-        try:
-            nested = _from_nested(json.loads(stripped))
-        except (ValueError, RecursionError):
-            nested = None
-        if nested is not None:
-            return nested
+        # JSON, or a Python literal (str() of a list of lists: single quotes).
+        for loads in (json.loads, ast.literal_eval):
+            try:
+                nested = _from_nested(loads(stripped))
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                nested = None
+            if nested is not None:
+                return nested
     candidates = _candidates(text)
     if not candidates:
         return None
