@@ -28,6 +28,10 @@ import jax.numpy as jnp
 
 from sphyr_jax.mesh import LOCAL_NODE_OFFSETS, Mesh
 
+# Scan steps fused per loop iteration (measured best on a 2-core CPU).
+UNROLL = 4
+SOLVE_UNROLL = 1
+
 
 def corner_fields(mesh: Mesh, moduli: jax.Array) -> list[jax.Array]:
     """Element values moved onto each element's four corner nodes.
@@ -141,8 +145,74 @@ def factor(mesh: Mesh, band: jax.Array) -> jax.Array:
         top = jnp.concatenate([rest, jnp.zeros((b, s) + batch, rest.dtype)], axis=1)
         return jnp.concatenate([top, jnp.stack(new_rows, axis=0)], axis=0), panel
 
-    _, factor_c = jax.lax.scan(step, w0, incoming)
+    _, factor_c = jax.lax.scan(step, w0, incoming, unroll=UNROLL)
     return factor_c
+
+
+def forward(mesh: Mesh, factor_c: jax.Array, rhs: jax.Array) -> jax.Array:
+    """Forward substitution $y = L^{-1} \\text{rhs}$.
+
+    Args:
+        factor_c: (T, s, m, B) factor.
+        rhs: (n_dofs, ..., B); middle axes hold extra right-hand sides.
+
+    Returns:
+        y of shape (T s, ..., B) (rows past ``n_dofs`` belong to padding DOFs).
+    """
+    s, m, steps = mesh.block, mesh.window, mesh.steps
+    n = mesh.n_dofs
+    extra = rhs.ndim - 2
+    tail_shape = rhs.shape[1:]
+    r = jnp.concatenate(
+        [rhs, jnp.zeros((mesh.padded_dofs - n,) + tail_shape, rhs.dtype)], axis=0
+    )
+    incoming = r[m : m + steps * s].reshape((steps, s) + tail_shape)
+
+    def fwd(window, xs):
+        cblk, nxt = xs
+        cblk = _expand(cblk, extra)  # (s, m, ..., B)
+        ys = []
+        for j in range(s):
+            v = window[j]
+            for jj, y in enumerate(ys):
+                v = v - cblk[jj, j] * y
+            ys.append(v / cblk[j, j])
+        rest = window[s:]
+        for j in range(s):
+            rest = rest - cblk[j, s:] * ys[j]
+        return jnp.concatenate([rest, nxt], axis=0), jnp.stack(ys, axis=0)
+
+    _, y = jax.lax.scan(fwd, r[:m], (factor_c, incoming), unroll=SOLVE_UNROLL)
+    return y.reshape((steps * s,) + tail_shape)
+
+
+def backward(mesh: Mesh, factor_c: jax.Array, y: jax.Array) -> jax.Array:
+    """Back substitution $x = L^{-T} y$ for y from :func:`forward`; returns (n_dofs, ..., B)."""
+    s, b, steps = mesh.block, mesh.half_bandwidth, mesh.steps
+    extra = y.ndim - 2
+    tail_shape = y.shape[1:]
+    y = y.reshape((steps, s) + tail_shape)
+
+    def bwd(after, xs):
+        cblk, yblk = xs
+        cblk = _expand(cblk, extra)
+        out = [None] * s
+        for j in reversed(range(s)):
+            v = yblk[j] - jnp.sum(cblk[j, s:] * after, axis=0)
+            for jj in range(j + 1, s):
+                v = v - cblk[j, jj] * out[jj]
+            out[j] = v / cblk[j, j]
+        blk = jnp.stack(out, axis=0)
+        return jnp.concatenate([blk, after], axis=0)[:b], blk
+
+    _, x = jax.lax.scan(bwd, jnp.zeros((b,) + tail_shape, y.dtype), (factor_c, y),
+                        reverse=True, unroll=SOLVE_UNROLL)
+    return x.reshape((steps * s,) + tail_shape)[: mesh.n_dofs]
+
+
+def _expand(x, extra: int):
+    """Factor entries (..., B) -> broadcastable against ``extra`` right-hand-side axes."""
+    return x.reshape(x.shape[:-1] + (1,) * extra + x.shape[-1:])
 
 
 def solve(mesh: Mesh, factor_c: jax.Array, rhs: jax.Array) -> jax.Array:
@@ -156,47 +226,4 @@ def solve(mesh: Mesh, factor_c: jax.Array, rhs: jax.Array) -> jax.Array:
     Returns:
         The solution, same shape as ``rhs``.
     """
-    s, b, m, steps = mesh.block, mesh.half_bandwidth, mesh.window, mesh.steps
-    n = mesh.n_dofs
-    extra = rhs.ndim - 2
-    tail_shape = rhs.shape[1:]
-    r = jnp.concatenate(
-        [rhs, jnp.zeros((mesh.padded_dofs - n,) + tail_shape, rhs.dtype)], axis=0
-    )
-
-    def expand(x):  # factor entries (..., B) -> broadcast against extra RHS axes
-        return x.reshape(x.shape[:-1] + (1,) * extra + x.shape[-1:])
-
-    incoming = r[m : m + steps * s].reshape((steps, s) + tail_shape)
-
-    def fwd(window, xs):
-        cblk, nxt = xs
-        cblk = expand(cblk)  # (s, m, ..., B)
-        ys = []
-        for j in range(s):
-            v = window[j]
-            for jj, y in enumerate(ys):
-                v = v - cblk[jj, j] * y
-            ys.append(v / cblk[j, j])
-        rest = window[s:]
-        for j in range(s):
-            rest = rest - cblk[j, s:] * ys[j]
-        return jnp.concatenate([rest, nxt], axis=0), jnp.stack(ys, axis=0)
-
-    _, y = jax.lax.scan(fwd, r[:m], (factor_c, incoming))  # (T, s, ..., B)
-
-    def bwd(after, xs):
-        cblk, yblk = xs
-        cblk = expand(cblk)
-        out = [None] * s
-        for j in reversed(range(s)):
-            v = yblk[j] - jnp.sum(cblk[j, s:] * after, axis=0)
-            for jj in range(j + 1, s):
-                v = v - cblk[j, jj] * out[jj]
-            out[j] = v / cblk[j, j]
-        blk = jnp.stack(out, axis=0)
-        return jnp.concatenate([blk, after], axis=0)[:b], blk
-
-    _, x = jax.lax.scan(bwd, jnp.zeros((b,) + tail_shape, rhs.dtype), (factor_c, y),
-                        reverse=True)
-    return x.reshape((steps * s,) + tail_shape)[:n]
+    return backward(mesh, factor_c, forward(mesh, factor_c, rhs))

@@ -71,7 +71,7 @@ class Solver:
     tol: float = 1e-10
     max_iter: int | None = None
     chunk: int | None = None
-    block: int = 2
+    block: int = 4
 
     def __post_init__(self):
         if self.kind not in ("banded", "dense", "cg"):

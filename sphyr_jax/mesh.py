@@ -107,7 +107,7 @@ def element_dofs(nely: int, nelx: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=32)
-def get_mesh(nely: int, nelx: int, block: int = 2) -> Mesh:
+def get_mesh(nely: int, nelx: int, block: int = 4) -> Mesh:
     """Cached static structures of an (nely, nelx) grid.
 
     Args:

@@ -36,8 +36,10 @@ from sphyr_jax import fea, simp
 from sphyr_jax import polish as polish_mod
 from sphyr_jax.io import CorruptFileError, atomic_write_json, read_json
 from sphyr_jax.loadcase import LoadCase, index_load_case, stack_load_cases
+from sphyr_jax.sharding import batch_call
 
 BUDGET_SLACK = 1e-9  # cells; a candidate may spend vf * nel + slack
+HOPELESS = 10.0  # rounded designs this many times worse than the best are not polished
 CACHE_VERSION = 1
 
 
@@ -50,9 +52,17 @@ class OptimumOptions:
         penal_schedule: penalties of the cold runs and the continuation chain.
         penal: penalty every candidate is scored at.
         polish_starts: rounded designs polished per sample (best first).
-        polish_passes: bound on swaps per polished design.
+        polish_passes: bound on passes per polished design.
+        tabu_passes: passes without a new best the final tabu search may take
+            (0: no tabu search).
+        tabu_tenure: passes a moved cell stays tabu.
+        extra_chain_radius: filter radius of a second continuation chain that
+            starts from the cold p = schedule[0] run (None: no second chain);
+            1.0 switches the filter off, which breaks symmetries the filtered
+            runs keep and often leads to other 0/1 basins.
         pool: slots of the SIMP run pool.
         segment: SIMP iterations per pool step.
+        num_devices: devices the batches are split over (None: all local).
     """
 
     simp: simp.SimpOptions = simp.DEFAULT_OPTIONS
@@ -60,8 +70,12 @@ class OptimumOptions:
     penal: float = 3.0
     polish_starts: int = 3
     polish_passes: int = polish_mod.DEFAULT_MAX_PASSES
+    tabu_passes: int = 12
+    tabu_tenure: int = polish_mod.DEFAULT_TENURE
+    extra_chain_radius: float | None = 1.0
     pool: int = 128
     segment: int = 25
+    num_devices: int | None = None
 
     def key(self) -> dict:
         s = self.simp
@@ -76,6 +90,9 @@ class OptimumOptions:
             "penal": self.penal,
             "polish_starts": self.polish_starts,
             "polish_passes": self.polish_passes,
+            "tabu_passes": self.tabu_passes,
+            "tabu_tenure": self.tabu_tenure,
+            "extra_chain_radius": self.extra_chain_radius,
         }
 
 
@@ -151,16 +168,21 @@ class Run:
 
     ``start`` is ``"cold"`` (uniform budget), ``"seed"`` (the sample's seed
     design) or the index of an earlier run whose physical densities it starts
-    from (continuation).
+    from (continuation).  ``radius`` overrides the filter radius of the run.
     """
 
     sample: int
     penal: float
     start: str | int = "cold"
+    radius: float | None = None
 
 
-_segment = jax.jit(simp.run_segment, static_argnames=("options", "steps"))
-_finish = jax.jit(simp.finish, static_argnames=("options",))
+def _segment(load_case, penal, state, radius, *, options, steps):
+    return simp.run_segment(load_case, penal, state, options, steps, radius)
+
+
+def _finish(load_case, penal, state, radius, *, options):
+    return simp.finish(load_case, penal, state, options, radius)
 
 
 def _take(case_np: dict, idx) -> LoadCase:
@@ -168,7 +190,7 @@ def _take(case_np: dict, idx) -> LoadCase:
 
 
 def _host_physical(x, mask, pinned, radius):
-    h = simp.filter_matrix(mask.shape[-2], mask.shape[-1], radius)
+    h = simp.filter_matrix(mask.shape[-2], mask.shape[-1], float(radius))
     flat = x.reshape(x.shape[:-2] + (-1,))
     phys = (flat @ h.T) / h.sum(axis=1)
     return np.where(mask, phys.reshape(x.shape), pinned)
@@ -187,7 +209,8 @@ def _host_init(case_np: dict, i: int, start_design):
 
 def run_simp_batch(load_case: LoadCase, runs: Sequence[Run], seeds=None,
                    options: simp.SimpOptions = simp.DEFAULT_OPTIONS, pool: int = 128,
-                   segment: int = 25, progress=None) -> simp.SimpResult:
+                   segment: int = 25, progress=None,
+                   num_devices: int | None = None) -> simp.SimpResult:
     """Run many SIMP runs over a slot pool that refills as runs finish.
 
     All runs advance together ``segment`` iterations at a time in one compiled
@@ -203,6 +226,7 @@ def run_simp_batch(load_case: LoadCase, runs: Sequence[Run], seeds=None,
         pool: number of slots.
         segment: iterations per device call.
         progress: optional callable(done_runs, total_runs).
+        num_devices: devices the pool is split over (None: all local).
 
     Returns:
         A :class:`~sphyr_jax.simp.SimpResult` with one entry per run (NumPy).
@@ -224,6 +248,8 @@ def run_simp_batch(load_case: LoadCase, runs: Sequence[Run], seeds=None,
             children.setdefault(run.start, []).append(r)
         else:
             ready.append(r)
+    radii = np.array([options.filter_radius if run.radius is None else run.radius
+                      for run in runs])
     final_x = np.zeros((n_runs, nel))
     final_its = np.zeros(n_runs, np.int32)
     final_change = np.full(n_runs, np.inf)
@@ -249,7 +275,7 @@ def run_simp_batch(load_case: LoadCase, runs: Sequence[Run], seeds=None,
         parent = run.start
         i = runs[parent].sample
         return _host_physical(final_x[parent].reshape(shape), case_np["design_mask"][i],
-                              case_np["pinned"][i], options.filter_radius)
+                              case_np["pinned"][i], radii[parent])
 
     while True:
         for k in range(size):
@@ -280,7 +306,9 @@ def run_simp_batch(load_case: LoadCase, runs: Sequence[Run], seeds=None,
         penal = np.array([runs[r if r >= 0 else filler].penal for r in slot_run])
         pool_case = _take(case_np, samples)
         state = simp.SimpState(x=x, iterations=its, done=idle, change=change)
-        state = _segment(pool_case, penal, state, options, segment)
+        radius = np.array([radii[r if r >= 0 else filler] for r in slot_run])
+        state = batch_call(_segment, pool_case, penal, state, radius, options=options,
+                           steps=segment, num_devices=num_devices)
         x = np.array(state.x)
         its = np.array(state.iterations)
         change = np.array(state.change)
@@ -301,7 +329,8 @@ def run_simp_batch(load_case: LoadCase, runs: Sequence[Run], seeds=None,
     penal = np.array([run.penal for run in runs])
     state = simp.SimpState(x=final_x, iterations=final_its,
                            done=np.ones(n_runs, bool), change=final_change)
-    res = _finish(cases, penal, state, options)
+    res = batch_call(_finish, cases, penal, state, radii, options=options,
+                     num_devices=num_devices)
     return jax.tree.map(np.asarray, res)
 
 
@@ -309,7 +338,8 @@ def run_simp_batch(load_case: LoadCase, runs: Sequence[Run], seeds=None,
 # The reference optimum.
 
 
-def _standard_runs(n_samples: int, schedule: Sequence[float], penal: float) -> list[Run]:
+def _standard_runs(n_samples: int, schedule: Sequence[float], penal: float,
+                   extra_radius: float | None = None) -> list[Run]:
     runs: list[Run] = []
     for i in range(n_samples):
         base = len(runs)
@@ -319,6 +349,11 @@ def _standard_runs(n_samples: int, schedule: Sequence[float], penal: float) -> l
             runs.append(Run(i, p, parent))
             parent = len(runs) - 1
         runs.append(Run(i, penal, "seed"))
+        if extra_radius is not None:  # a second chain with another filter
+            parent = base
+            for p in schedule[1:]:
+                runs.append(Run(i, p, parent, radius=extra_radius))
+                parent = len(runs) - 1
     return runs
 
 
@@ -352,11 +387,12 @@ def reference_optimum_batch(load_case: LoadCase, seeds=None,
     seeds = pinned if seeds is None else np.where(mask, np.clip(seeds, 0.0, 1.0), pinned)
     solver = options.simp.solver
 
-    runs = _standard_runs(nb, options.penal_schedule, options.penal)
+    runs = _standard_runs(nb, options.penal_schedule, options.penal, options.extra_chain_radius)
     per = len(runs) // nb
     sim = run_simp_batch(
         case_np, runs, seeds, options.simp, options.pool, options.segment,
         progress=None if progress is None else (lambda d, t: progress("simp", d, t)),
+        num_devices=options.num_devices,
     )
     iterations = sim.iterations.reshape(nb, per).sum(axis=1)
     converged = sim.converged.reshape(nb, per).all(axis=1)
@@ -378,44 +414,55 @@ def reference_optimum_batch(load_case: LoadCase, seeds=None,
     best_c = scores[np.arange(nb), best]
     best_x = candidates[np.arange(nb), best]
 
-    # Polish the rounding of the best candidate and the best rounded designs.
-    starts = []
+    # Descent polish of the rounding of the best candidate and of the best
+    # distinct rounded designs (hopeless ones skipped), then a tabu search
+    # from each sample's best polished design.
+    owner, starts = [], []
     for i in range(nb):
         chosen: list[np.ndarray] = []
         first = best[i] if best[i] >= k else best[i] + k  # rounding of the best
+        limit = HOPELESS * np.min(scores[i, k:])
         for j in [first] + list(np.argsort(scores[i, k:]) + k):
             if len(chosen) >= options.polish_starts:
                 break
             cand = candidates[i, j]
-            if np.isfinite(scores[i, j]) and not any(np.array_equal(cand, c) for c in chosen):
+            if scores[i, j] <= limit and not any(np.array_equal(cand, c) for c in chosen):
                 chosen.append(cand)
-        while len(chosen) < options.polish_starts:
-            chosen.append(chosen[-1] if chosen else rounded[i, -1])
-        starts.append(np.stack(chosen))
-    starts = np.stack(starts)  # (B, P, ...)
-    n_starts = starts.shape[1]
-    rep = np.repeat(np.arange(nb), n_starts)
-    polished = polish_mod.polish(
-        jax.tree.map(lambda a: a[rep], case_np), starts.reshape((-1,) + shape),
-        options.polish_passes, solver,
-    )
+        owner += [i] * len(chosen)
+        starts += chosen
+    owner = np.asarray(owner, np.int64)
+    best_x, best_c = _keep_best(best_x, best_c, owner, starts, case_np, budget, options,
+                                solver, tabu=0)
     if progress is not None:
         progress("polish", nb, nb)
-    p_c = np.asarray(polished.compliance).reshape(nb, n_starts)
-    p_x = np.asarray(polished.densities).reshape((nb, n_starts) + shape)
-    p_ok = p_x.sum(axis=(-2, -1)) <= budget[:, None]
-    p_c = np.where(p_ok, p_c, np.inf)
-    pbest = np.argmin(p_c, axis=1)
-    better = p_c[np.arange(nb), pbest] < best_c
-    out_x = np.where(better[:, None, None], p_x[np.arange(nb), pbest], best_x)
-    out_c = np.where(better, p_c[np.arange(nb), pbest], best_c)
+    if options.tabu_passes > 0:
+        best_x, best_c = _keep_best(best_x, best_c, np.arange(nb), list(best_x), case_np,
+                                    budget, options, solver, tabu=options.tabu_passes)
+        if progress is not None:
+            progress("tabu", nb, nb)
     return OptimumResult(
-        densities=out_x,
-        compliance=out_c,
-        volume_fraction=out_x.mean(axis=(-2, -1)),
+        densities=best_x,
+        compliance=best_c,
+        volume_fraction=best_x.mean(axis=(-2, -1)),
         iterations=iterations,
         converged=converged,
     )
+
+
+def _keep_best(best_x, best_c, owner, starts, case_np, budget, options, solver, tabu):
+    """Polish ``starts`` (of samples ``owner``) and keep any within-budget improvement."""
+    if not len(starts):
+        return best_x, best_c
+    res = polish_mod.polish(
+        jax.tree.map(lambda a: a[owner], case_np), np.stack(starts), options.polish_passes,
+        solver, num_devices=options.num_devices, tabu=tabu, tenure=options.tabu_tenure,
+    )
+    best_x, best_c = best_x.copy(), best_c.copy()
+    for j, i in enumerate(owner):
+        x, c = res.densities[j], float(res.compliance[j])
+        if c < best_c[i] and x.sum() <= budget[i]:
+            best_x[i], best_c[i] = x, c
+    return best_x, best_c
 
 
 def reference_optimum(load_case: LoadCase, seed=None,

@@ -39,11 +39,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sphyr_jax import _banded, fea
+from sphyr_jax import _banded, _small, fea
 from sphyr_jax.loadcase import LoadCase
 from sphyr_jax.mesh import E0, EMIN, get_mesh
+from sphyr_jax.sharding import batch_call
 
 DEFAULT_MAX_PASSES = 100
+DEFAULT_TENURE = 4
 IMPROVEMENT = 1e-10  # a swap must lower compliance by this relative amount
 DEFAULT_SOLVER = fea.Solver()
 _DELTA = E0 - EMIN  # modulus change of a 0 <-> 1 swap (any penalty)
@@ -74,35 +76,17 @@ class PolishResult(eqx.Module):
 
 
 class _State(eqx.Module):
-    x: jax.Array  # (B, nel) design
+    x: jax.Array  # (B, nel) current design
     u: jax.Array  # (B, n) displacements of x
     c: jax.Array  # (B,) compliance of x
     phi: jax.Array  # (B, 5F, 5F) modal flexibility between design cells
+    best_x: jax.Array  # (B, nel) stiffest design seen
+    best_c: jax.Array  # (B,)
+    last: jax.Array  # (B, F) pass at which each design cell last changed
+    passes: jax.Array  # (B,) passes done
+    stall: jax.Array  # (B,) passes since the best improved
     done: jax.Array  # (B,)
-    swaps: jax.Array  # (B,)
-
-
-def _cholesky_quadratic(m, w):
-    """$w^T M^{-1} w$ for SPD k x k blocks, unrolled; NaN if not positive definite.
-
-    Args:
-        m: nested list m[i][j] of arrays (any common shape); w: list w[i].
-    """
-    k = len(w)
-    low = {}
-    for j in range(k):
-        d = m[j][j] - sum(low[(j, p)] ** 2 for p in range(j))
-        ljj = jnp.sqrt(jnp.where(d > 0, d, jnp.nan))
-        low[(j, j)] = ljj
-        for i in range(j + 1, k):
-            low[(i, j)] = (m[i][j] - sum(low[(i, p)] * low[(j, p)] for p in range(j))) / ljj
-    total = 0.0
-    z = []
-    for i in range(k):
-        zi = (w[i] - sum(low[(i, p)] * z[p] for p in range(i))) / low[(i, i)]
-        z.append(zi)
-        total = total + zi * zi
-    return total
+    swaps: jax.Array  # (B,) swaps applied
 
 
 def _cell_list(mask, size):
@@ -135,17 +119,18 @@ def _pair_scores(phi, y, solid, empty, c, lam, sizes):
     y_s = y[s_idx].T  # (5, S)
     y_t = y[t_idx]  # (V, 5)
     p_s = (jnp.diag(-1.0 / (_DELTA * lam))[None] + g_s).transpose(1, 2, 0)  # (5, 5, S)
-    r_inv = jnp.linalg.inv(jnp.diag(1.0 / (_DELTA * lam))[None] + g_t)  # (V, 5, 5)
+    r_inv = _small.spd_inverse(jnp.diag(1.0 / (_DELTA * lam))[None] + g_t)  # (V, 5, 5)
     a = jnp.einsum("tkl,tl->tk", r_inv, y_t)
     q1 = jnp.sum(y_t * a, axis=-1)  # (V,): the addition alone
     r_inv = r_inv.transpose(1, 2, 0)  # (5, 5, V)
     a = a.T  # (5, V)
     # Q R^{-1}, then minus the removal's Schur complement and the reduced rhs.
     qr = [[sum(q[i, r] * r_inv[r, j] for r in range(k)) for j in range(k)] for i in range(k)]
-    neg = [[sum(qr[i][r] * q[j, r] for r in range(k)) - p_s[i, j][:, None]
-            for j in range(k)] for i in range(k)]
-    w = [y_s[i][:, None] - sum(q[i, r] * a[r] for r in range(k)) for i in range(k)]
-    scores = c - q1[None, :] + _cholesky_quadratic(neg, w)
+    neg = jnp.stack([jnp.stack([sum(qr[i][r] * q[j, r] for r in range(k)) - p_s[i, j][:, None]
+                                for j in range(k)], axis=-1) for i in range(k)], axis=-2)
+    w = jnp.stack([y_s[i][:, None] - sum(q[i, r] * a[r] for r in range(k)) for i in range(k)],
+                  axis=-1)
+    scores = c - q1[None, :] + _small.spd_quadratic(neg, w)
     ok = s_ok[:, None] & t_ok[None, :] & jnp.isfinite(scores)
     return jnp.where(ok, scores, jnp.inf), s_idx, t_idx
 
@@ -155,18 +140,30 @@ def design_cells(load_case: LoadCase) -> np.ndarray:
     return np.sum(np.asarray(load_case.design_mask, bool), axis=(-2, -1))
 
 
-def static_sizes(load_case: LoadCase, designs) -> tuple[int, int, int]:
-    """Bounds (solid cells, empty cells, design cells) of a batch (host)."""
+def design_dofs(load_case: LoadCase) -> np.ndarray:
+    """(..., n) bool: free DOFs touched by a design cell (host computation)."""
+    mask = np.asarray(load_case.design_mask, bool)
+    mesh = get_mesh(*mask.shape[-2:])
+    flat = mask.reshape(mask.shape[:-2] + (-1,))
+    touched = np.zeros(flat.shape[:-1] + (mesh.n_dofs,), bool)
+    for e in range(mesh.nel):
+        touched[..., mesh.edofs[e]] |= flat[..., e : e + 1]
+    return touched & np.asarray(load_case.free_dofs, bool)
+
+
+def static_sizes(load_case: LoadCase, designs) -> tuple[int, int, int, int]:
+    """Bounds (solid cells, empty cells, design cells, design DOFs) of a batch (host)."""
     mask = np.asarray(load_case.design_mask, bool)
     x = np.asarray(designs)
     solid = int(np.max(np.sum(mask & (x > 0.5), axis=(-2, -1)), initial=0))
     empty = int(np.max(np.sum(mask & (x <= 0.5), axis=(-2, -1)), initial=0))
     cells = int(np.max(design_cells(load_case), initial=0))
+    dofs = int(np.max(np.sum(design_dofs(load_case), axis=-1), initial=0))
 
     def up(v, q=4):
         return max(q, -(-v // q) * q)
 
-    return up(solid), up(empty), up(cells)
+    return up(solid), up(empty), up(cells), up(dofs, 8)
 
 
 def _exact(mesh, load_case, x):
@@ -178,6 +175,25 @@ def _exact(mesh, load_case, x):
     f = (jnp.asarray(load_case.force, jnp.float64) * free).T
     u = _banded.solve(mesh, fac, f)
     return fac, u.T, jnp.sum(f * u, axis=0)
+
+
+def _swap_inverse(amat, k):
+    r"""Inverse of swap matrices (B, 2k, 2k) = [[P, Q], [Q^T, R]] without LAPACK.
+
+    P (removal) is negative definite and R (addition) positive definite, so
+    the block inverse needs only SPD inverses: $S = P - Q R^{-1} Q^T$,
+    $A^{-1} = [[S^{-1}, -S^{-1} Q R^{-1}], [\cdot^T, R^{-1} + R^{-1} Q^T S^{-1} Q R^{-1}]]$.
+    """
+    p, q, r = amat[:, :k, :k], amat[:, :k, k:], amat[:, k:, k:]
+    r_inv = _small.spd_inverse(r)
+    qr = q @ r_inv
+    s_inv = -_small.spd_inverse(-(p - qr @ q.transpose(0, 2, 1)))
+    top_right = -s_inv @ qr
+    bottom_right = r_inv + qr.transpose(0, 2, 1) @ s_inv @ qr
+    return jnp.concatenate([
+        jnp.concatenate([s_inv, top_right], axis=2),
+        jnp.concatenate([top_right.transpose(0, 2, 1), bottom_right], axis=2),
+    ], axis=1)
 
 
 def _cells_of(load_case: LoadCase, n_cells: int):
@@ -197,34 +213,65 @@ def _modal(mesh, modes, vec, cells, ok):
     return out * ok.reshape(ok.shape + (1,) * (out.ndim - 2))
 
 
-@functools.partial(jax.jit, static_argnames=("sizes",))
-def _init(load_case: LoadCase, x0, sizes):
+def _init(load_case: LoadCase, x0, *, sizes):
+    """Exact solve of the start designs and their modal flexibility $\\Phi$.
+
+    $\\Phi_{ij} = V^T Z_{ij} V$ needs $Z = \\tilde K^{-1}$ only on the design
+    DOFs: with $Y = L^{-1} E_D$ (forward substitution on the unit vectors of
+    those DOFs), $Z_D = Y^T Y$.
+    """
     shape = load_case.shape
     mesh = get_mesh(*shape)
     nb = x0.shape[0]
-    n_cells = sizes[2]
+    n_cells, n_dofs_d = sizes[2], sizes[3]
     modes = jnp.asarray(element_modes(shape)[0])
+    nk = modes.shape[1]
     x = x0.reshape(nb, -1)
     fac, u, c = _exact(mesh, load_case, x)
     cells, ok = _cells_of(load_case, n_cells)
-    free = jnp.asarray(load_case.free_dofs, jnp.float64)
-    # Right-hand sides P_e V for every design cell: (B, n, F, 5).
     edofs = jnp.asarray(mesh.edofs)[cells]  # (B, F, 8)
-    onehot = jax.nn.one_hot(edofs, mesh.n_dofs, dtype=jnp.float64)  # (B, F, 8, n)
-    rhs = jnp.einsum("bfan,ak->bnfk", onehot, modes) * free[:, :, None, None]
-    rhs = rhs * ok[:, None, :, None]
-    rhs = rhs.reshape(nb, mesh.n_dofs, n_cells * modes.shape[1])
-    chunk = max(1, _RHS_PER_CHUNK // rhs.shape[-1])
-    zm = fea._chunked(lambda fc, r: _banded.solve(mesh, fc, r), chunk, fac,
-                      rhs.transpose(1, 2, 0))  # (n, 5F, B)
-    phi = _modal(mesh, modes, zm.transpose(2, 0, 1), cells, ok)  # (B, F, 5, 5F)
-    phi = phi.reshape(nb, n_cells * modes.shape[1], -1)
-    return _State(x=x, u=u, c=c, phi=phi, done=~jnp.isfinite(c),
-                  swaps=jnp.zeros((nb,), jnp.int32))
+    # Design DOFs: free DOFs of valid design cells, listed first in DOF order.
+    hit = jnp.zeros((nb, mesh.n_dofs + 1), bool)
+    hit = hit.at[jnp.arange(nb)[:, None, None], jnp.where(ok[:, :, None], edofs, mesh.n_dofs)
+                 ].set(True)[:, : mesh.n_dofs]
+    hit = hit & jnp.asarray(load_case.free_dofs, bool)
+    idx = jnp.arange(mesh.n_dofs)
+    cols = jnp.argsort(jnp.where(hit, idx, mesh.n_dofs + idx), axis=-1)[:, :n_dofs_d]  # (B, D)
+    col_ok = jnp.take_along_axis(hit, cols, axis=-1)
+    # Position of every DOF in the design list (D: the zero padding row/column).
+    where = jnp.full((nb, mesh.n_dofs + 1), n_dofs_d)
+    where = where.at[jnp.arange(nb)[:, None], jnp.where(col_ok, cols, mesh.n_dofs)].set(
+        jnp.where(col_ok, jnp.arange(n_dofs_d)[None], n_dofs_d))
+    where = where.at[:, mesh.n_dofs].set(n_dofs_d)
+    pos = jnp.take_along_axis(where, edofs.reshape(nb, -1), axis=-1)  # (B, 8F)
+
+    def gram(fc, cl, co):  # one chunk, batch last: Z_D (D, D, b)
+        rhs = jax.nn.one_hot(cl.T, mesh.n_dofs, dtype=jnp.float64) * co.T[..., None]
+        y = jnp.moveaxis(_banded.forward(mesh, fc, rhs.transpose(2, 1, 0)), -1, 0)
+        return jnp.moveaxis(jnp.einsum("bni,bnj->bij", y, y), 0, -1)
+
+    chunk = max(1, _RHS_PER_CHUNK // n_dofs_d)
+    z = fea._chunked(gram, chunk, fac, cols.T, col_ok.T.astype(jnp.float64))  # (D, D, B)
+    z = jnp.pad(jnp.moveaxis(z, -1, 0), ((0, 0), (0, 1), (0, 1)))  # zero row/column D
+
+    def modal_rows(a):  # rows of a (B, D+1, w) at the cells' DOFs, contracted with V
+        g = jnp.take_along_axis(a, pos[:, :, None], axis=1).reshape(nb, n_cells, 8, -1)
+        g = jnp.einsum("ak,bfaw->bfkw", modes, g) * ok[:, :, None, None]
+        return g.reshape(nb, n_cells * nk, -1)
+
+    half = modal_rows(z)  # (B, 5F, D+1)
+    phi = modal_rows(jnp.swapaxes(half, 1, 2))  # (B, 5F, 5F), symmetric
+    zeros = jnp.zeros((nb,), jnp.int32)
+    return _State(x=x, u=u, c=c, phi=phi, best_x=x, best_c=c,
+                  last=jnp.full((nb, n_cells), -(1 << 20), jnp.int32), passes=zeros,
+                  stall=zeros, done=~jnp.isfinite(c), swaps=zeros)
 
 
-@functools.partial(jax.jit, static_argnames=("sizes", "passes"))
-def _segment(load_case: LoadCase, st: _State, sizes, passes):
+def _segment(load_case: LoadCase, st: _State, *, sizes, passes, tabu, tenure):
+    """``passes`` polish passes; with ``tabu`` > 0 the search goes on past local
+    optima (best admissible swap, recently moved cells tabu for ``tenure``
+    passes unless the swap beats the best design) for ``tabu`` passes without
+    a new best."""
     shape = load_case.shape
     mesh = get_mesh(*shape)
     nb = st.x.shape[0]
@@ -245,10 +292,16 @@ def _segment(load_case: LoadCase, st: _State, sizes, passes):
         sc, s_idx, t_idx = jax.vmap(
             lambda p, yy, so, em, c: _pair_scores(p, yy, so, em, c, lam, sizes[:2])
         )(phi4, y, solid, empty, st.c)
+        free_cell = (st.passes[:, None] - st.last) >= tenure  # (B, F)
+        allowed = (jnp.take_along_axis(free_cell, s_idx, axis=-1)[:, :, None]
+                   & jnp.take_along_axis(free_cell, t_idx, axis=-1)[:, None, :])
+        aspire = sc < st.best_c[:, None, None] * (1.0 - IMPROVEMENT)
+        sc = jnp.where(allowed | aspire, sc, jnp.inf)
         flat = sc.reshape(nb, -1)
         best = jnp.argmin(flat, axis=-1)
         predicted = jnp.take_along_axis(flat, best[:, None], axis=-1)[:, 0]
-        move = (predicted < st.c * (1.0 - IMPROVEMENT)) & ~st.done
+        improving = predicted < st.c * (1.0 - IMPROVEMENT)
+        move = ~st.done & jnp.isfinite(predicted) & (improving | (st.stall < tabu))
         sj = jnp.take_along_axis(s_idx, (best // sizes[1])[:, None], axis=-1)[:, 0]
         tj = jnp.take_along_axis(t_idx, (best % sizes[1])[:, None], axis=-1)[:, 0]
         si, ti = cells[rows, sj], cells[rows, tj]
@@ -259,16 +312,27 @@ def _segment(load_case: LoadCase, st: _State, sizes, passes):
                                 + jnp.arange(nk)], axis=-1)  # (B, 10)
         pc = jnp.take_along_axis(st.phi, cols[:, None, :], axis=2)  # (B, 5F, 10)
         amat = jnp.diag(d_inv)[None] + jnp.take_along_axis(pc, cols[:, :, None], axis=1)
-        phi = st.phi - pc @ jnp.linalg.solve(amat, pc.transpose(0, 2, 1))
+        phi = st.phi - pc @ _swap_inverse(amat, nk) @ pc.transpose(0, 2, 1)
         _, u, c = _exact(mesh, load_case, x)
-        accept = move & (c < st.c)
+        # Pure descent keeps a swap only if the exact solve confirms it; the
+        # tabu phase keeps every swap and remembers the best design.
+        accept = move & ((c < st.c) | (tabu > 0)) & jnp.isfinite(c)
         keep = ~accept
+        new_best = accept & (c < st.best_c * (1.0 - IMPROVEMENT))
+        stall = jnp.where(new_best, 0, st.stall + accept.astype(jnp.int32))
+        moved = (jnp.arange(n_cells)[None] == sj[:, None]) | (jnp.arange(n_cells)[None]
+                                                               == tj[:, None])
         return _State(
             x=jnp.where(keep[:, None], st.x, x),
             u=jnp.where(keep[:, None], st.u, u),
             c=jnp.where(keep, st.c, c),
             phi=jnp.where(keep[:, None, None], st.phi, phi),
-            done=st.done | ~accept,
+            best_x=jnp.where(new_best[:, None], x, st.best_x),
+            best_c=jnp.where(new_best, c, st.best_c),
+            last=jnp.where(accept[:, None] & moved, st.passes[:, None], st.last),
+            passes=st.passes + 1,
+            stall=stall,
+            done=st.done | ~accept | (stall > tabu) | ((tabu == 0) & ~new_best),
             swaps=st.swaps + accept.astype(jnp.int32),
         )
 
@@ -288,8 +352,13 @@ def _take(tree, idx):
     return jax.tree.map(lambda a: a[idx], tree)
 
 
+_take_jit = jax.jit(_take)
+
+
 def polish(load_case: LoadCase, designs, max_passes: int = DEFAULT_MAX_PASSES,
-           solver: fea.Solver = DEFAULT_SOLVER, passes_per_call: int = 2) -> PolishResult:
+           solver: fea.Solver = DEFAULT_SOLVER, passes_per_call: int = 2,
+           num_devices: int | None = None, tabu: int = 0,
+           tenure: int = DEFAULT_TENURE) -> PolishResult:
     """Best-improvement single-swap polish of 0/1 designs, batched.
 
     Args:
@@ -300,6 +369,10 @@ def polish(load_case: LoadCase, designs, max_passes: int = DEFAULT_MAX_PASSES,
         solver: used for the final exact compliance.
         passes_per_call: passes per device call (finished designs leave the
             batch between calls, which shrinks through :func:`bucket_ladder`).
+        num_devices: devices the batch is split over (None: all local).
+        tabu: passes without a new best allowed after a local optimum (0: stop
+            at the first local optimum).
+        tenure: passes a moved cell stays tabu.
 
     Returns:
         A :class:`PolishResult` (NumPy arrays); compliance at p = 3.
@@ -315,15 +388,16 @@ def polish(load_case: LoadCase, designs, max_passes: int = DEFAULT_MAX_PASSES,
     ladder = bucket_ladder(nb)
     active = np.arange(nb)
     idx = np.resize(active, ladder[0])  # pad by repeating real designs
-    st = _init(_take(case_np, idx), x0[idx], sizes)
+    st = batch_call(_init, _take(case_np, idx), x0[idx], sizes=sizes, num_devices=num_devices)
     passes = 0
     while passes < max_passes:
         step = min(passes_per_call, max_passes - passes)
-        st = _segment(_take(case_np, idx), st, sizes, step)
+        st = batch_call(_segment, _take(case_np, idx), st, sizes=sizes, passes=step,
+                        tabu=tabu, tenure=tenure, num_devices=num_devices)
         passes += step
         n = len(active)
         done = np.asarray(st.done)[:n]
-        out_x[active] = np.asarray(st.x)[:n]
+        out_x[active] = np.asarray(st.best_x)[:n]
         out_swaps[active] = np.asarray(st.swaps)[:n]
         if done.all():
             break
@@ -332,7 +406,7 @@ def polish(load_case: LoadCase, designs, max_passes: int = DEFAULT_MAX_PASSES,
             active = active[sel]
             size = min(s for s in ladder if s >= len(active))
             sel = np.resize(sel, size)
-            st = _take(st, jnp.asarray(sel))
+            st = _take_jit(st, sel)
             idx = np.resize(active, size)
     rho = out_x.reshape(x0.shape)
     c = np.asarray(fea.compliance(case_np, rho, 3.0, solver))

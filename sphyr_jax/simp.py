@@ -37,7 +37,8 @@ DEFAULT_FILTER_RADIUS = 1.2
 DEFAULT_MOVE_LIMIT = 0.2
 DEFAULT_TOLERANCE = 1e-3
 DEFAULT_MAX_ITERATIONS = 500
-BISECTION_STEPS = 80
+BISECTION_STEPS = 100  # enough for the tolerance from [1e-9, 1e9] at any multiplier
+BISECTION_TOL = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,12 +111,16 @@ def initial_design(load_case: LoadCase, warm_start=None):
 
 
 def oc_update(x, dc, dv, design_mask, target_volume, const_volume, move_limit):
-    """Optimality-criteria step with a geometric bisection on the multiplier.
+    """Optimality-criteria step with a bisection on the volume multiplier.
 
     $x^{new}(\\lambda) = \\mathrm{clip}(x \\sqrt{-\\partial c / (\\lambda\\,\\partial V)},
-    x \\pm m, [0, 1])$; the volume of the filtered design is linear in $x$
-    (weights ``dv``), so each bisection step costs O(n).  The returned design
-    is on the feasible side: its volume never exceeds ``target_volume``.
+    x \\pm m, [0, 1])$.  The multiplier is bisected arithmetically on
+    $[10^{-9}, 10^9]$ until $(\\lambda_2 - \\lambda_1) / (\\lambda_1 + \\lambda_2) \\le
+    10^{-6}$ and the design of the last midpoint is returned, as in the
+    classic 88-line code and the reference implementation (so both follow the
+    same optimisation paths).  The volume of the filtered design is linear in
+    $x$ (weights ``dv``), so each bisection step costs O(n); the loop is a
+    bounded ``fori_loop`` in which finished samples stop moving.
 
     Args:
         x: (B, nel) current design (pinned values off the design mask).
@@ -126,29 +131,31 @@ def oc_update(x, dc, dv, design_mask, target_volume, const_volume, move_limit):
         const_volume: (B,) volume not controlled by the design variables.
         move_limit: largest change per variable.
     """
-    ratio2 = jnp.maximum(-dc, 0.0) / jnp.maximum(dv, 1e-30)
-    lo_move = jnp.clip(x - move_limit, 0.0, 1.0)
-    hi_move = jnp.clip(x + move_limit, 0.0, 1.0)
+    ratio2 = jnp.maximum(-dc, 0.0) / jnp.maximum(dv, 1e-12)
+    lo_move = x - move_limit
+    hi_move = x + move_limit
 
-    def candidate(log_lam):
-        lam = jnp.exp(log_lam)[:, None]
-        new = jnp.clip(x * jnp.sqrt(ratio2 / lam), lo_move, hi_move)
+    def candidate(lam):
+        new = jnp.clip(jnp.clip(x * jnp.sqrt(ratio2 / lam[:, None]), lo_move, hi_move), 0.0, 1.0)
         return jnp.where(design_mask, new, x)
 
     def volume(new):
         return jnp.sum(jnp.where(design_mask, dv * new, 0.0), axis=-1) + const_volume
 
-    def body(_, bounds):
-        lo, hi = bounds
-        mid = 0.5 * (lo + hi)
-        over = volume(candidate(mid)) > target_volume
-        return jnp.where(over, mid, lo), jnp.where(over, hi, mid)
+    def body(_, carry):
+        lo, hi, mid = carry
+        active = (hi - lo) / (lo + hi) > BISECTION_TOL
+        m = 0.5 * (lo + hi)
+        over = volume(candidate(m)) > target_volume
+        lo = jnp.where(active & over, m, lo)
+        hi = jnp.where(active & ~over, m, hi)
+        return lo, hi, jnp.where(active, m, mid)
 
     nb = x.shape[0]
-    lo = jnp.full((nb,), jnp.log(1e-40))
-    hi = jnp.full((nb,), jnp.log(1e40))
-    lo, hi = jax.lax.fori_loop(0, BISECTION_STEPS, body, (lo, hi))
-    return candidate(hi)
+    lo = jnp.full((nb,), 1e-9)
+    hi = jnp.full((nb,), 1e9)
+    _, _, mid = jax.lax.fori_loop(0, BISECTION_STEPS, body, (lo, hi, 0.5 * (lo + hi)))
+    return candidate(mid)
 
 
 class SimpResult(eqx.Module):
@@ -217,7 +224,7 @@ def _problem(load_case: LoadCase, h, hs) -> _Problem:
     pinned = _flat(jnp.asarray(load_case.pinned, jnp.float64))
     target, _ = budget_split(load_case.design_mask, load_case.pinned, load_case.volume_fraction)
     # Volume of the physical design = sum_j dv_j x_j (design cells) + const.
-    weights = (mask / hs) @ h  # sum over design rows i of H_ij / hs_i
+    weights = jnp.einsum("bi,bij->bj", mask / hs, h)  # sum over design rows i of H_ij / hs_i
     off = jnp.where(mask, 0.0, pinned)
     return _Problem(
         mask=mask,
@@ -229,8 +236,21 @@ def _problem(load_case: LoadCase, h, hs) -> _Problem:
 
 
 def _filter_arrays(shape, radius):
-    h = jnp.asarray(filter_matrix(*shape, radius))
-    return h, jnp.sum(h, axis=1)
+    """Per-run cone filters (B, nel, nel) and row sums (B, nel) for radii (B,)."""
+    rows, cols = np.divmod(np.arange(shape[0] * shape[1]), shape[1])
+    dist = np.hypot(rows[:, None] - rows[None, :], cols[:, None] - cols[None, :])
+    h = jnp.maximum(0.0, jnp.asarray(radius, jnp.float64)[:, None, None] - dist[None])
+    return h, jnp.sum(h, axis=2)
+
+
+def _apply(h, hs, x):
+    return jnp.einsum("bij,bj->bi", h, x) / hs
+
+
+def _radius(radius, options: SimpOptions, nb: int):
+    if radius is None:
+        return jnp.full((nb,), options.filter_radius)
+    return jnp.broadcast_to(jnp.asarray(radius, jnp.float64), (nb,))
 
 
 def init_state(load_case: LoadCase, x0=None) -> SimpState:
@@ -246,22 +266,23 @@ def init_state(load_case: LoadCase, x0=None) -> SimpState:
 
 
 def run_segment(load_case: LoadCase, penal, state: SimpState, options: SimpOptions,
-                steps: int) -> SimpState:
+                steps: int, radius=None) -> SimpState:
     """Advance every unfinished run by up to ``steps`` SIMP iterations.
 
-    Pure and jit-able (``options`` and ``steps`` static).  Runs stop
+    Pure and jit-able (``options`` and ``steps`` static; ``radius`` (B,) gives
+    each run its own filter radius, default ``options.filter_radius``).  Runs stop
     individually when their largest design change falls below ``options.tol``,
     when they reach ``options.max_iterations``, or when their compliance is
     not finite; finished runs are carried along unchanged.
     """
     shape = load_case.shape
     nb = state.x.shape[0]
-    h, hs = _filter_arrays(shape, options.filter_radius)
+    h, hs = _filter_arrays(shape, _radius(radius, options, nb))
     prob = _problem(load_case, h, hs)
     penal = jnp.broadcast_to(jnp.asarray(penal, jnp.float64), (nb,))
 
     def compliance_of(x):
-        rho = jnp.where(prob.mask, (x @ h.T) / hs, prob.pinned).reshape((nb,) + shape)
+        rho = jnp.where(prob.mask, _apply(h, hs, x), prob.pinned).reshape((nb,) + shape)
         return fea.compliance(load_case, rho, penal, options.solver)
 
     def cond(carry):
@@ -290,13 +311,14 @@ def run_segment(load_case: LoadCase, penal, state: SimpState, options: SimpOptio
     return state
 
 
-def finish(load_case: LoadCase, penal, state: SimpState, options: SimpOptions) -> SimpResult:
+def finish(load_case: LoadCase, penal, state: SimpState, options: SimpOptions,
+           radius=None) -> SimpResult:
     """Physical densities and compliance at the end of a batch of runs."""
     shape = load_case.shape
     nb = state.x.shape[0]
-    h, hs = _filter_arrays(shape, options.filter_radius)
+    h, hs = _filter_arrays(shape, _radius(radius, options, nb))
     prob = _problem(load_case, h, hs)
-    rho = jnp.where(prob.mask, (state.x @ h.T) / hs, prob.pinned).reshape((nb,) + shape)
+    rho = jnp.where(prob.mask, _apply(h, hs, state.x), prob.pinned).reshape((nb,) + shape)
     penal = jnp.broadcast_to(jnp.asarray(penal, jnp.float64), (nb,))
     c = fea.compliance(load_case, rho, penal, options.solver)
     return SimpResult(
@@ -310,7 +332,8 @@ def finish(load_case: LoadCase, penal, state: SimpState, options: SimpOptions) -
 
 
 @functools.partial(jax.jit, static_argnames=("options",))
-def optimize(load_case: LoadCase, penal, x0=None, options: SimpOptions = DEFAULT_OPTIONS):
+def optimize(load_case: LoadCase, penal, x0=None, options: SimpOptions = DEFAULT_OPTIONS,
+             radius=None):
     """Run SIMP on a batch of samples in one compiled loop.
 
     Every run iterates in lockstep until all are finished; for large,
@@ -324,11 +347,12 @@ def optimize(load_case: LoadCase, penal, x0=None, options: SimpOptions = DEFAULT
         x0: optional (B, nely, nelx) warm start (used on design cells, clipped to
             [1e-3, 1]); without it runs start from the uniform budget.
         options: static settings.
+        radius: optional (B,) filter radius of each run.
 
     Returns:
         A :class:`SimpResult`.
     """
     fea.require_x64()
     state = run_segment(load_case, penal, init_state(load_case, x0), options,
-                        options.max_iterations)
-    return finish(load_case, penal, state, options)
+                        options.max_iterations, radius)
+    return finish(load_case, penal, state, options, radius)

@@ -1,0 +1,240 @@
+"""Structural metrics of completed grids: simulate, re-optimise, compare.
+
+A completion is scored physically: the load case comes from the ground-truth
+grid (a completion cannot move loads or supports), the completion is solved
+with finite elements, and its compliance is compared with the reference
+optimum of the masked region at the dataset answer's material budget
+(:mod:`sphyr_jax.optimum`).  Field names and meanings follow the reference
+implementation; see :class:`StructuralMetrics`.
+
+:func:`score_batch` scores many completions at once: analyses are batched per
+grid shape, and reference optima are deduplicated per sample and computed in
+one batch (or read from an :class:`~sphyr_jax.optimum.OptimumCache`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from sphyr_jax import fea
+from sphyr_jax.grids import InvalidProblemError, densities_from_grid, extract_grid
+from sphyr_jax.loadcase import (
+    DEFAULT_GRAVITY,
+    LoadCase,
+    load_case_from_grid,
+    stack_load_cases,
+    with_budget,
+)
+from sphyr_jax.optimum import OptimumCache
+from sphyr_jax.sharding import batch_call
+
+STRUCTURAL_METRIC_KEYS = (
+    "topology_score",
+    "structural_efficiency",
+    "material_efficiency",
+    "compliance_efficiency_vs_ground_truth",
+    "load_carrying",
+    "volume_ratio",
+)
+
+
+@dataclasses.dataclass
+class StructuralMetrics:
+    """Physics-based scores of one completion.
+
+    Ratios are in [0, 1] and higher is better (``structural_efficiency_raw``
+    is unclipped); compliances are raw and lower is better.
+    """
+
+    physically_valid: bool = False
+    load_carrying: bool = False
+    compliance: float = math.inf
+    ground_truth_compliance: float = math.inf
+    optimal_compliance: float = math.inf
+    own_budget_optimal_compliance: float | None = None
+    topology_score: float = 0.0
+    structural_efficiency: float = 0.0
+    structural_efficiency_raw: float = 0.0
+    design_efficiency: float | None = None
+    material_efficiency: float = 0.0
+    compliance_efficiency_vs_ground_truth: float = 0.0
+    volume_fraction: float = 0.0
+    ground_truth_volume_fraction: float = 0.0
+    volume_ratio: float = 0.0
+    max_displacement: float = 0.0
+    unfilled_cells: int = 0
+    unparsable_cells: int = 0
+
+    def as_dict(self) -> dict:
+        """JSON-ready fields; non-finite numbers become None."""
+        out = dataclasses.asdict(self)
+        for key, value in out.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                out[key] = None
+        return out
+
+
+@dataclasses.dataclass
+class ScoreItem:
+    """One completion to score.
+
+    Attributes:
+        completion: raw model output or a token grid.
+        ground_truth: the dataset answer (text or tokens).
+        input_grid: the masked input grid (text, tokens, or a prompt containing
+            it); None: every non-L/S cell is a design cell.
+        gravity_dir: load direction as a (row, col) step.
+    """
+
+    completion: object
+    ground_truth: object
+    input_grid: object = None
+    gravity_dir: tuple = DEFAULT_GRAVITY
+
+
+def _clipped(reference: float, actual: float) -> float:
+    if not math.isfinite(actual) or actual <= 0.0 or not math.isfinite(reference):
+        return 0.0
+    return float(min(max(reference / actual, 0.0), 1.0))
+
+
+def _analyze_fn(load_case, densities):
+    return fea.analyze(load_case, densities)
+
+
+def analyze_batch(load_case: LoadCase, densities, num_devices: int | None = None):
+    """:func:`sphyr_jax.fea.analyze` of a batch, split over devices (NumPy out)."""
+    res = batch_call(_analyze_fn, load_case, np.asarray(densities, np.float64),
+                     num_devices=num_devices)
+    return jax.tree.map(np.asarray, res)
+
+
+@dataclasses.dataclass
+class _Prepared:
+    case: LoadCase
+    out_rho: np.ndarray
+    gt_rho: np.ndarray
+    report: object
+
+
+def _prepare(item: ScoreItem) -> _Prepared | None:
+    try:
+        case = load_case_from_grid(item.ground_truth, item.input_grid, item.gravity_dir)
+    except (InvalidProblemError, TypeError, IndexError):
+        return None
+    grid = extract_grid(item.completion)
+    if grid is None or len(grid) != case.shape[0] or any(len(r) != case.shape[1] for r in grid):
+        return None
+    out_rho, report = densities_from_grid(grid)
+    structural = np.asarray(case.load_mask | case.support_mask)
+    out_rho[structural] = 1.0
+    gt_rho = np.asarray(case.pinned).copy()
+    gt_rho[structural] = 1.0
+    return _Prepared(case=case, out_rho=out_rho, gt_rho=gt_rho, report=report)
+
+
+def score_batch(
+    items: Sequence[ScoreItem],
+    cache: OptimumCache | None = None,
+    include_own_budget_reference: bool = False,
+    num_devices: int | None = None,
+    progress=None,
+) -> list[StructuralMetrics]:
+    """Score many completions; never raises for a bad completion.
+
+    Args:
+        items: completions with their ground truths, inputs and gravity.
+        cache: optimum cache (default: a fresh in-memory one); optima are
+            computed once per distinct sample and budget.
+        include_own_budget_reference: also optimise at each completion's own
+            volume fraction (``design_efficiency``).
+        num_devices: devices batches are split over (None: all local).
+        progress: optional callable(stage, done, total) for long work.
+
+    Returns:
+        One :class:`StructuralMetrics` per item, in order.
+    """
+    fea.require_x64()
+    cache = cache if cache is not None else OptimumCache()
+    prepared = [_prepare(item) for item in items]
+    results = [StructuralMetrics() for _ in items]
+    by_shape: dict[tuple, list[int]] = {}
+    for i, p in enumerate(prepared):
+        if p is not None:
+            by_shape.setdefault(p.case.shape, []).append(i)
+
+    for idx in by_shape.values():
+        cases = [prepared[i].case for i in idx]
+        stacked = stack_load_cases(cases)
+        out = analyze_batch(stacked, np.stack([prepared[i].out_rho for i in idx]), num_devices)
+        gt = analyze_batch(stacked, np.stack([prepared[i].gt_rho for i in idx]), num_devices)
+        if progress is not None:
+            progress("analysis", len(idx), len(idx))
+        optima = cache.get_many(cases, [prepared[i].gt_rho for i in idx], progress=progress)
+        own = None
+        if include_own_budget_reference:
+            own_cases = [with_budget(c, v) for c, v in zip(cases, out.volume_fraction, strict=True)]
+            own = cache.get_many(own_cases, [prepared[i].gt_rho for i in idx], progress=progress)
+        for j, i in enumerate(idx):
+            m = results[i]
+            p = prepared[i]
+            m.physically_valid = True
+            m.unfilled_cells = int(p.report.unfilled_cells)
+            m.unparsable_cells = int(p.report.unparsable_cells)
+            c = float(out.compliance[j])
+            c_gt = float(gt.compliance[j])
+            c_opt = float(optima.compliance[j])
+            vf = float(out.volume_fraction[j])
+            vf_gt = float(gt.volume_fraction[j])
+            m.compliance = c
+            m.ground_truth_compliance = c_gt
+            m.optimal_compliance = c_opt
+            m.load_carrying = bool(out.load_carrying[j])
+            m.max_displacement = float(out.max_displacement[j])
+            m.volume_fraction = vf
+            m.ground_truth_volume_fraction = vf_gt
+            m.volume_ratio = vf / vf_gt if vf_gt > 0 else 0.0
+            if own is not None:
+                m.own_budget_optimal_compliance = float(own.compliance[j])
+            if not m.load_carrying:
+                continue
+            m.structural_efficiency = _clipped(c_opt, c)
+            m.compliance_efficiency_vs_ground_truth = _clipped(c_gt, c)
+            if math.isfinite(c_opt) and c > 0:
+                m.structural_efficiency_raw = c_opt / c
+            if own is not None:
+                m.design_efficiency = _clipped(m.own_budget_optimal_compliance, c)
+            m.material_efficiency = min(1.0, vf_gt / vf) if vf > 0 else 0.0
+            m.topology_score = m.structural_efficiency * m.material_efficiency
+    return results
+
+
+def get_structural_metrics(
+    output_grid,
+    gt_grid,
+    input_grid=None,
+    gravity_dir=DEFAULT_GRAVITY,
+    include_own_budget_reference: bool = False,
+    cache: OptimumCache | None = None,
+) -> StructuralMetrics:
+    """Score one completion (see :func:`score_batch`).
+
+    Args:
+        output_grid: the completion, as raw text or a token grid.
+        gt_grid: the dataset answer; its L/S cells define the load case.
+        input_grid: the masked input grid (its V cells are the design region).
+        gravity_dir: load direction (row, col).
+        include_own_budget_reference: also compute ``design_efficiency``.
+        cache: optional optimum cache shared between calls.
+
+    Returns:
+        :class:`StructuralMetrics`; a wrong-shaped or unreadable completion,
+        or an unusable ground truth, gets the defaults.
+    """
+    item = ScoreItem(output_grid, gt_grid, input_grid, tuple(gravity_dir))
+    return score_batch([item], cache, include_own_budget_reference)[0]
