@@ -36,6 +36,24 @@ from sphyr_jax.loadcase import (
     stack_load_cases,
 )
 from sphyr_jax.mesh import E0, EMIN, NU, element_stiffness, get_mesh
+from sphyr_jax.metrics import (
+    STRUCTURAL_METRIC_KEYS,
+    ScoreItem,
+    StructuralMetrics,
+    get_structural_metrics,
+    score_batch,
+)
+from sphyr_jax.optimum import (
+    OptimumCache,
+    OptimumOptions,
+    OptimumResult,
+    binarize,
+    reference_optimum,
+    reference_optimum_batch,
+)
+from sphyr_jax.results import rescore_tree
+from sphyr_jax.simp import SimpOptions, apply_filter, optimize
+from sphyr_jax.validation import validate_records
 
 __version__ = "0.1.0"
 
@@ -44,13 +62,29 @@ __all__ = [
     "EMIN",
     "NU",
     "SINGULARITY_RATIO",
+    "STRUCTURAL_METRIC_KEYS",
     "Analysis",
     "GridReport",
     "InvalidProblemError",
     "LoadCase",
+    "OptimumCache",
+    "OptimumOptions",
+    "OptimumResult",
+    "ScoreItem",
+    "SimpOptions",
     "Solution",
     "Solver",
+    "StructuralMetrics",
     "analyze",
+    "apply_filter",
+    "binarize",
+    "get_structural_metrics",
+    "optimize",
+    "reference_optimum",
+    "reference_optimum_batch",
+    "rescore_tree",
+    "score_batch",
+    "validate_records",
     "as_grid",
     "compliance",
     "dense_stiffness",

@@ -117,7 +117,8 @@ def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> Non
     _atomic_write(path, lambda handle: handle.write(text), encoding)
 
 
-def atomic_write_json(path: PathLike, obj: Any, indent: int | None = 2) -> None:
+def atomic_write_json(path: PathLike, obj: Any, indent: int | None = 2,
+                      allow_nan: bool = False) -> None:
     """Serialise ``obj`` as strict JSON into ``path`` atomically.
 
     The object is streamed into the temporary file, so an error raised part
@@ -128,6 +129,8 @@ def atomic_write_json(path: PathLike, obj: Any, indent: int | None = 2) -> None:
         path: target file; its directory must exist.
         obj: a JSON-serialisable value (no NaN / infinity).
         indent: ``json.dump`` indentation (None for one line).
+        allow_nan: write NaN/Infinity tokens (Python's JSON dialect) instead of
+            raising; used to keep values a caller read from such a file.
 
     Raises:
         TypeError: for values JSON cannot represent.
@@ -136,7 +139,7 @@ def atomic_write_json(path: PathLike, obj: Any, indent: int | None = 2) -> None:
     """
 
     def writer(handle) -> None:
-        json.dump(obj, handle, indent=indent, allow_nan=False, ensure_ascii=False)
+        json.dump(obj, handle, indent=indent, allow_nan=allow_nan, ensure_ascii=False)
         handle.write("\n")
 
     _atomic_write(path, writer, "utf-8")

@@ -502,12 +502,14 @@ class OptimumCache:
 
     With a directory every optimum is also stored as ``<key>.json`` (written
     atomically), so re-runs and other processes reuse it.  An unreadable cache
-    file is reported and ignored (never deleted), and recomputed.
+    file is reported in ``corrupt`` and left exactly as found (never deleted or
+    overwritten); its optimum is recomputed and kept in memory.
     """
 
     def __init__(self, directory: str | os.PathLike | None = None,
-                 options: OptimumOptions = DEFAULT_OPTIONS):
+                 options: OptimumOptions = DEFAULT_OPTIONS, max_batch: int = 128):
         self.options = options
+        self.max_batch = max(1, int(max_batch))  # samples optimised per batch (memory)
         self.directory = pathlib.Path(directory) if directory else None
         self._memory: dict[str, dict] = {}
         self.hits = 0
@@ -542,9 +544,10 @@ class OptimumCache:
 
     def _store(self, key: str, entry: dict) -> None:
         self._memory[key] = entry
-        if self.directory is not None:
+        path = None if self.directory is None else self.directory / f"{key}.json"
+        if path is not None and str(path) not in self.corrupt:  # corrupt files stay as found
             c = entry["compliance"]
-            atomic_write_json(self.directory / f"{key}.json", {
+            atomic_write_json(path, {
                 "densities": entry["densities"].tolist(),
                 "compliance": c if np.isfinite(c) else None,
                 "iterations": entry["iterations"],
@@ -568,13 +571,17 @@ class OptimumCache:
             else:
                 entries[key] = found
                 self.hits += 1
-        if missing:
-            idx = list(missing.values())
+        pending = list(missing.items())
+        for lo in range(0, len(pending), self.max_batch):
+            part = pending[lo: lo + self.max_batch]
+            idx = [i for _, i in part]
             batch = stack_load_cases([cases[i] for i in idx])
             sd = None if seeds is None else np.stack([np.asarray(seeds[i]) for i in idx])
             res = reference_optimum_batch(batch, sd, self.options, progress)
             self.computed += len(idx)
-            for j, key in enumerate(missing):
+            if progress is not None:
+                progress("optima", lo + len(part), len(pending))
+            for j, (key, _) in enumerate(part):
                 entry = {
                     "densities": np.asarray(res.densities[j]),
                     "compliance": float(res.compliance[j]),

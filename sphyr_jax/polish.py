@@ -160,10 +160,21 @@ def static_sizes(load_case: LoadCase, designs) -> tuple[int, int, int, int]:
     cells = int(np.max(design_cells(load_case), initial=0))
     dofs = int(np.max(np.sum(design_dofs(load_case), axis=-1), initial=0))
 
-    def up(v, q=4):
-        return max(q, -(-v // q) * q)
+    nel = mask.shape[-2] * mask.shape[-1]
+    ndof = 2 * (mask.shape[-2] + 1) * (mask.shape[-1] + 1)
+    return (min(_bucket(solid), nel), min(_bucket(empty), nel), min(_bucket(cells), nel),
+            min(_bucket(dofs, 8), ndof))
 
-    return up(solid), up(empty), up(cells), up(dofs, 8)
+
+def _bucket(v: int, smallest: int = 4) -> int:
+    """Round up to the ladder smallest * {1, 1.5, 2, 3, 4, 6, 8, ...}: at most
+    half of padding, and few distinct shapes (each new shape compiles)."""
+    size = smallest
+    while True:
+        for step in (size, size * 3 // 2):
+            if step >= v:
+                return step
+        size *= 2
 
 
 def _exact(mesh, load_case, x):

@@ -1,6 +1,7 @@
 """Shared test configuration: float64 on, seeded keys, reference data paths."""
 
 import json
+import os
 import pathlib
 
 import jax
@@ -8,6 +9,15 @@ import numpy as np
 import pytest
 
 jax.config.update("jax_enable_x64", True)
+
+# JAX's persistent compilation cache: a later test run on the same machine
+# skips compilation (results are unaffected).  Set the variable to "" to disable.
+_COMPILE_CACHE = os.environ.get(
+    "SPHYR_JAX_TEST_COMPILATION_CACHE",
+    str(pathlib.Path.home() / ".cache" / "sphyr_jax" / "jax-tests"))
+if _COMPILE_CACHE:
+    jax.config.update("jax_compilation_cache_dir", _COMPILE_CACHE)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "sphyr_reference"
@@ -68,3 +78,27 @@ def full_hard_records():
 @pytest.fixture(scope="session")
 def raw_data_dir():
     return _require(RAW_DATA)
+
+
+_REPORTS: list[str] = []
+
+
+def report(line: str) -> None:
+    """Record a measured figure for pytest's closing summary."""
+    _REPORTS.append(line)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REPORTS:
+        terminalreporter.section("sphyr_jax figures")
+        for line in _REPORTS:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def optimum_cache():
+    """One in-memory optimum cache for the whole session: tests that score the
+    same samples (yardstick, rescore, validate) compute each optimum once."""
+    from sphyr_jax.optimum import OptimumCache
+
+    return OptimumCache()

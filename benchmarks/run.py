@@ -1,0 +1,178 @@
+"""One entry point for every benchmark: ``python benchmarks/run.py``.
+
+Prints one table, with the device named:
+
+* FEA compliance solves/s at batch 1/64/1024/8192 (``fea_throughput.py``),
+* reference optima per second on 100 stored samples (``optimum.py``),
+* rescore records/s: a first run (cold compile, optima computed) and a second
+  run of the same tree (persistent compilation cache and optimum cache warm),
+* validate full_easy/20 wall time: cold compile, then warm compilation cache
+  with optima recomputed,
+* peak resident memory of the child processes.
+
+Each piece runs in a fresh process (JAX fixes its devices at start-up; the
+app uses one XLA CPU device per core).  The stored reference data is used
+when present, the embedded ``data/`` otherwise.  Nothing is installed and no
+network is used, so the same command runs on a lent GPU machine
+(``benchmarks/gpu.sh``).
+
+Usage::
+
+    python benchmarks/run.py [--batches 1,64,1024,8192] [--skip optimum,validate] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "sphyr_reference"
+REFERENCE = {  # the reference implementation on a 2-core CPU
+    "scipy_solves_per_s": "1,300-1,700",
+    "optimum_s_per_sample": "1.1-1.3",
+    "rescore_s_per_record": 1.35,
+    "validate_full_easy_20_s": 25.0,
+}
+
+
+def _py(*args, timeout=1800) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return wall, proc.stdout
+
+
+def _last_json(text: str) -> dict:
+    start = text.index("{")
+    return json.loads(text[start: text.rindex("}") + 1])
+
+
+def _peak_rss_mb() -> float:
+    kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return kb / 1024.0
+
+
+def bench_fea(batches: str) -> dict:
+    _, out = _py("benchmarks/fea_throughput.py", "--batches", batches, "--json")
+    return _last_json(out)
+
+
+def bench_optimum() -> dict | None:
+    if not (SHARED / "results").is_dir():
+        return None
+    _, out = _py("benchmarks/optimum.py", "--samples", "100", "--repeats", "1", "--json")
+    return _last_json(out)
+
+
+def _results_tree(work: pathlib.Path) -> tuple[pathlib.Path, int]:
+    src = SHARED / "results" if (SHARED / "results").is_dir() else REPO / "data" / "results"
+    dst = work / "results"
+    shutil.copytree(src, dst)
+    n = sum(len(json.loads(p.read_text())) for p in dst.glob("*/*_results.json"))
+    return dst, n
+
+
+def bench_rescore(work: pathlib.Path) -> dict:
+    tree, n = _results_tree(work)
+    common = ["-m", "sphyr_jax", "rescore", f"--results_root={tree}",
+              f"--cache_dir={work / 'optima'}", f"--compilation_cache_dir={work / 'xla'}",
+              "--progress=false"]
+    first, _ = _py(*common)
+    second, out = _py(*common)
+    return {"records": n, "first_s": first, "second_s": second,
+            "first_s_per_record": first / n, "second_s_per_record": second / n,
+            "second_speedup": first / second, "summary": out.strip().splitlines()[-1]}
+
+
+def bench_validate(work: pathlib.Path) -> dict:
+    if (SHARED / "datasets" / "full_easy.jsonl").exists():
+        dataset = SHARED / "datasets"
+    else:
+        dataset = REPO / "data" / "dataset"
+    base = ["-m", "sphyr_jax", "validate", "--subject=full_easy", "--samples=20",
+            f"--dataset_dir={dataset}", f"--compilation_cache_dir={work / 'xla-validate'}",
+            "--progress=false"]
+    cold, _ = _py(*base)
+    warm, out = _py(*base)  # compilation cached; optima recomputed (no --cache_dir)
+    return {"dataset": str(dataset.name), "cold_s": cold, "warm_s": warm,
+            "summary": out.strip().splitlines()[-1]}
+
+
+def format_table(report: dict) -> str:
+    lines = [f"device: {report.get('device', '?')}", "",
+             f"{'measure':44s} {'sphyr_jax':>14s} {'reference':>14s}",
+             "-" * 74]
+
+    def row(name, ours, ref=""):
+        lines.append(f"{name:44s} {ours:>14s} {ref:>14s}")
+
+    fea = report.get("fea")
+    if fea:
+        for b in fea["batches"]:
+            ref = f"{fea['baseline']['solves_per_s']:,.0f}" if b["batch"] == 1024 else ""
+            row(f"FEA solves/s, batch {b['batch']}", f"{b['solves_per_s']:,.0f}", ref)
+            row(f"  compile s, batch {b['batch']}", f"{b['compile_s']:.1f}")
+    opt = report.get("optimum")
+    if opt:
+        row("reference optima/s (100 samples, warm)", f"{opt['optima_per_s']:.2f}",
+            f"{1 / 1.2:.2f}")
+        row("  cold (compile included), s", f"{opt['cold_s']:.1f}")
+        row("  mean ratio to the stored optimum", f"{opt['mean_ratio_to_reference']:.4f}",
+            "1.0000")
+    res = report.get("rescore")
+    if res:
+        row(f"rescore s/record, first run ({res['records']} rec)",
+            f"{res['first_s_per_record']:.3f}", f"{REFERENCE['rescore_s_per_record']:.2f}")
+        row("rescore s/record, second run (caches)", f"{res['second_s_per_record']:.3f}")
+        row("  second run speed-up", f"{res['second_speedup']:.1f}x")
+    val = report.get("validate")
+    if val:
+        row("validate full_easy/20, cold s", f"{val['cold_s']:.1f}",
+            f"{REFERENCE['validate_full_easy_20_s']:.0f}")
+        row("validate full_easy/20, warm compile s", f"{val['warm_s']:.1f}",
+            f"{REFERENCE['validate_full_easy_20_s']:.0f}")
+    row("peak RSS of any child, MB", f"{report['peak_rss_mb']:.0f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,64,1024,8192")
+    parser.add_argument("--skip", default="", help="comma-separated: fea,optimum,rescore,validate")
+    parser.add_argument("--json", default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    report: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = pathlib.Path(tmp)
+        if "fea" not in skip:
+            report["fea"] = bench_fea(args.batches)
+            report["device"] = report["fea"]["device"]
+        if "optimum" not in skip:
+            report["optimum"] = bench_optimum()
+            if report["optimum"]:
+                report.setdefault("device", report["optimum"]["device"])
+        if "rescore" not in skip:
+            report["rescore"] = bench_rescore(work)
+        if "validate" not in skip:
+            report["validate"] = bench_validate(work)
+    report["peak_rss_mb"] = _peak_rss_mb()
+    print(format_table(report))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

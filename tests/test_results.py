@@ -1,0 +1,382 @@
+"""Rescore, validate and the app's flag files, on the stored reference data.
+
+Optima come from the session's cache (filled by the yardstick test when it
+runs first), so these tests mostly exercise scoring and file handling.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+from absl import flags
+from conftest import FULL_EASY, REPO, RTOL_REFERENCE, SHARED
+
+from sphyr_jax import cli
+from sphyr_jax.results import AGGREGATED_SUFFIX, aggregate, rescore_tree
+from sphyr_jax.validation import probe_completions, validate_records
+
+METRIC_FIELDS = (
+    "physically_valid", "load_carrying", "compliance", "ground_truth_compliance",
+    "optimal_compliance", "own_budget_optimal_compliance", "topology_score",
+    "structural_efficiency", "structural_efficiency_raw", "design_efficiency",
+    "material_efficiency", "compliance_efficiency_vs_ground_truth", "volume_fraction",
+    "ground_truth_volume_fraction", "volume_ratio", "max_displacement", "unfilled_cells",
+    "unparsable_cells",
+)
+
+# The published validate table (full_easy, 20 samples): probe -> (topo score,
+# stiffness, material, vs GT, volume, carrying).
+SEED_TABLE = {
+    "dataset answer": (0.933, 0.933, 1.000, 1.000, 0.285, 1.000),
+    "2 cells flipped": (0.804, 0.843, 0.909, 0.896, 0.296, 0.950),
+    "10 cells flipped": (0.476, 0.599, 0.735, 0.639, 0.348, 0.900),
+    "filled solid": (0.285, 1.000, 0.285, 1.000, 1.000, 1.000),
+    "left empty": (0.000, 0.000, 0.000, 0.000, 0.095, 0.000),
+}
+
+
+@pytest.fixture(scope="module")
+def stripped_tree(tmp_path_factory, gpt4o_records, claude_records):
+    """A copy of the stored results with every metric field removed."""
+    root = tmp_path_factory.mktemp("results")
+    originals = {}
+    for folder, records, subject in (
+        ("gpt-4o-2024-08-06", gpt4o_records, "full_easy"),
+        ("claude-3-7-sonnet-20250219", claude_records, "10_random_cell_hard"),
+    ):
+        stripped = [{k: v for k, v in r.items() if k not in METRIC_FIELDS} for r in records]
+        path = root / folder / f"{subject}_results.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(stripped, indent=2))
+        originals[folder] = (records, stripped)
+    return root, originals
+
+
+@pytest.fixture(scope="module")
+def rescored(stripped_tree, optimum_cache):
+    root, originals = stripped_tree
+    summary = rescore_tree(root, cache=optimum_cache)
+    return root, originals, summary
+
+
+def _read(path):
+    return json.loads(pathlib.Path(path).read_text())
+
+
+def test_rescore_restores_reference_metrics(rescored):
+    root, originals, summary = rescored
+    stored, _ = originals["gpt-4o-2024-08-06"]
+    new = _read(root / "gpt-4o-2024-08-06" / "full_easy_results.json")
+    assert len(new) == len(stored)
+    for old, rec in zip(stored, new, strict=True):
+        assert rec["load_carrying"] == old["load_carrying"]
+        assert rec["ground_truth_compliance"] == pytest.approx(old["ground_truth_compliance"],
+                                                               rel=RTOL_REFERENCE)
+        if old["load_carrying"]:
+            assert rec["compliance"] == pytest.approx(old["compliance"], rel=RTOL_REFERENCE)
+            assert rec["max_displacement"] == pytest.approx(old["max_displacement"],
+                                                            rel=RTOL_REFERENCE)
+        assert rec["optimal_compliance"] <= old["optimal_compliance"] * (1 + RTOL_REFERENCE)
+        assert rec["topology_score"] <= old["topology_score"] + 1e-6
+        for key in ("volume_fraction", "ground_truth_volume_fraction", "volume_ratio"):
+            assert rec[key] == pytest.approx(old[key], rel=1e-12)
+        assert rec["unfilled_cells"] == old["unfilled_cells"]
+        assert rec["unparsable_cells"] == old["unparsable_cells"]
+        assert rec["physically_valid"] == old["physically_valid"]
+    assert summary.records == 200 and summary.files == 2 and not summary.corrupt
+
+
+def test_rescore_leaves_other_fields_alone(rescored):
+    root, originals, _ = rescored
+    for folder, (_, stripped) in originals.items():
+        (path,) = [p for p in (root / folder).glob("*_results.json")
+                   if not p.name.endswith(AGGREGATED_SUFFIX)]
+        new = _read(path)
+        for before, after in zip(stripped, new, strict=True):
+            for key, value in before.items():
+                assert after[key] == value
+            assert list(after)[: len(before)] == list(before)  # key order kept
+            assert set(after) == set(before) | set(METRIC_FIELDS)
+
+
+def test_rescore_aggregates_consistent(rescored):
+    root, _, summary = rescored
+    for path in root.glob(f"*/*{AGGREGATED_SUFFIX}"):
+        agg = _read(path)
+        records = _read(str(path).replace(AGGREGATED_SUFFIX, "_results.json"))
+        assert agg["evaluated_samples"] == len(records)
+        for key in ("topology_score", "structural_efficiency", "material_efficiency",
+                    "compliance_efficiency_vs_ground_truth", "load_carrying", "volume_ratio"):
+            assert agg[f"total_{key}"] == pytest.approx(
+                sum(float(r[key] or 0.0) for r in records), rel=1e-12)
+    by_model = {row["model"]: row for row in summary.leaderboard}
+    gpt = _read(root / "gpt-4o-2024-08-06" / "full_easy_results.json")
+    assert by_model["gpt-4o-2024-08-06"]["topology_score"] == pytest.approx(
+        np.mean([r["topology_score"] for r in gpt]), rel=1e-12)
+
+
+def test_rescore_is_idempotent(rescored, optimum_cache):
+    root, _, _ = rescored
+    before = {p: p.read_bytes() for p in root.rglob("*.json")}
+    summary = rescore_tree(root, cache=optimum_cache)
+    assert summary.optimisations == 0
+    after = {p: p.read_bytes() for p in root.rglob("*.json")}
+    assert before == after
+
+
+def test_dry_run_writes_nothing(stripped_tree, optimum_cache, tmp_path):
+    root, _ = stripped_tree
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    before = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    summary = rescore_tree(copy, dry_run=True, cache=optimum_cache)
+    after = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    assert before == after and summary.records == 200 and not summary.written
+
+
+HOSTILE = [None, "", "I cannot solve this.", 12, math.nan, "1e308 " * 10,
+           "nan inf -inf", "１ ０ １", [["1"] * 3] * 2, {"grid": 1}, "[[", "\x00" * 50]
+
+
+def test_hostile_completions_and_corrupt_files(tmp_path, gpt4o_records, optimum_cache):
+    base = gpt4o_records[0]
+    records = [dict(base, completion=c) for c in HOSTILE]
+    records.append({k: v for k, v in base.items() if k != "completion"})
+    records.append(dict(base, ground_truth=None))
+    records.append(dict(base))  # a normal record scores normally
+    good = tmp_path / "model-a" / "full_easy_results.json"
+    good.parent.mkdir()
+    good.write_text(json.dumps(records, allow_nan=True))
+    truncated = tmp_path / "model-b" / "full_easy_results.json"
+    truncated.parent.mkdir()
+    text = json.dumps([dict(base)], indent=2)
+    truncated.write_text(text[: len(text) // 2])
+    not_a_list = tmp_path / "model-c" / "full_easy_results.json"
+    not_a_list.parent.mkdir()
+    not_a_list.write_text('{"records": []}')
+    bad_agg = tmp_path / "model-a" / "full_easy_aggregated_results.json"
+    bad_agg.write_text("{not json")
+    frozen = {p: p.read_bytes() for p in (truncated, not_a_list, bad_agg)}
+
+    logged = []
+    summary = rescore_tree(tmp_path, cache=optimum_cache, log=logged.append)
+    reported = {path for path, _ in summary.corrupt}
+    assert reported == {str(truncated), str(not_a_list), str(bad_agg)}
+    assert len(logged) == 3
+    for path, data in frozen.items():
+        assert path.read_bytes() == data  # byte-for-byte untouched
+    out = _read(good)
+    assert len(out) == len(records)
+    for rec in out[:-1]:
+        assert rec["physically_valid"] is False
+        assert rec["topology_score"] == 0.0 and rec["compliance"] is None
+    assert out[-1]["physically_valid"] is True
+    assert out[-1]["compliance"] == pytest.approx(base["compliance"], rel=RTOL_REFERENCE)
+    assert summary.invalid_records == len(records) - 1
+    # Untouched record content survives, NaN included.
+    assert math.isnan(out[4]["completion"])
+
+
+def test_aggregate_merges_existing_fields():
+    existing = {"exact_match": 3, "total_topology_score": 99.0}
+    recs = [{"topology_score": 0.5, "load_carrying": True}, {"topology_score": None}]
+    agg = aggregate(recs, existing)
+    assert agg["exact_match"] == 3
+    assert agg["total_topology_score"] == 0.5
+    assert agg["total_load_carrying"] == 1.0
+    assert agg["evaluated_samples"] == 2
+
+
+# ----------------------------------------------------------------------------
+# validate
+
+
+def test_probes_follow_the_published_recipe():
+    import random
+
+    gt = [list("0LL0"), list("0110"), list("0100"), list("0SS0")]
+    probes = probe_completions(gt, random.Random(3), hard=False)
+    rng = random.Random(3)
+    cells = [(r, c) for r in range(4) for c in range(4) if gt[r][c] not in "LS"]
+    two = rng.sample(cells, 2)
+    ten = rng.sample(cells, 10)
+    for name, picked in (("2 cells flipped", two), ("10 cells flipped", ten)):
+        diff = {(r, c) for r in range(4) for c in range(4) if probes[name][r][c] != gt[r][c]}
+        assert diff == set(picked)
+    assert all(t in "LS1" for row in probes["filled solid"] for t in row)
+    assert all(t in "LS0" for row in probes["left empty"] for t in row)
+    hard = probe_completions(gt, random.Random(3), hard=True)
+    rng = random.Random(3)
+    for _ in rng.sample(cells, 2):  # the 2-cell probe's draws come first
+        rng.choice([0.0, 0.2, 0.5, 0.7, 1.0])
+    expected = [row[:] for row in gt]
+    for r, c in rng.sample(cells, 10):
+        expected[r][c] = f"{rng.choice([0.0, 0.2, 0.5, 0.7, 1.0]):.1f}"
+    assert hard["10 cells flipped"] == expected
+
+
+def test_validate_matches_published_table(full_easy_records, optimum_cache):
+    report = validate_records(full_easy_records[:20], "full_easy", cache=optimum_cache)
+    rows = {row["probe"]: row for row in report.rows}
+    assert list(rows) == list(SEED_TABLE)
+    for probe, seed in SEED_TABLE.items():
+        row = rows[probe]
+        # Columns independent of the optimum agree to the printed digits.
+        assert round(row["compliance_efficiency_vs_ground_truth"], 3) == seed[3]
+        assert round(row["volume_fraction"], 3) == seed[4]
+        assert round(row["load_carrying"], 3) == seed[5]
+        # A stronger optimum can only lower the scores.
+        assert row["topology_score"] <= seed[0] + 5e-4
+        assert row["structural_efficiency"] <= seed[1] + 5e-4
+    assert report.beaten == 0
+    assert "beaten by the dataset answer on 0/20 samples." in report.table()
+
+
+# ----------------------------------------------------------------------------
+# The app and its flag files.
+
+
+def _run_app(argv, monkeypatch, cache):
+    monkeypatch.setattr(cli, "_cache", lambda: cache)
+    monkeypatch.setattr(cli, "_setup", lambda: None)  # x64 is on; keep JAX config
+    remaining = flags.FLAGS(["sphyr_jax"] + argv)
+    try:
+        return cli.main(remaining)
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
+def test_rescore_flagfile(stripped_tree, optimum_cache, tmp_path, monkeypatch, capsys):
+    root, _ = stripped_tree
+    copy = tmp_path / "tree"
+    shutil.copytree(root, copy)
+    out_json = tmp_path / "board.json"
+    status = _run_app(["rescore", f"--flagfile={REPO / 'configs' / 'rescore.cfg'}",
+                       f"--results_root={copy}", f"--output_json={out_json}",
+                       "--progress=false"], monkeypatch, optimum_cache)
+    assert status == 0
+    text = capsys.readouterr().out
+    assert "devices=" in text and "rescored 200 records" in text
+    board = _read(out_json)["rows"]
+    assert {r["model"] for r in board} == {"gpt-4o-2024-08-06", "claude-3-7-sonnet-20250219"}
+    assert (copy / "gpt-4o-2024-08-06" / "full_easy_aggregated_results.json").exists()
+
+
+def test_validate_flagfile(optimum_cache, tmp_path, monkeypatch, capsys):
+    if not FULL_EASY.exists():
+        pytest.skip("reference data not available")
+    out_json = tmp_path / "validate.json"
+    status = _run_app(["validate", f"--flagfile={REPO / 'configs' / 'validate.cfg'}",
+                       f"--dataset_dir={SHARED / 'datasets'}", f"--output_json={out_json}",
+                       "--progress=false"], monkeypatch, optimum_cache)
+    assert status == 0
+    text = capsys.readouterr().out
+    assert "Reference optimiser beaten by the dataset answer on 0/20 samples." in text
+    for probe in SEED_TABLE:
+        assert probe in text
+    assert _read(out_json)["samples"] == 20
+
+
+def test_usage_errors(monkeypatch, optimum_cache, tmp_path):
+    from absl import app
+
+    with pytest.raises(app.UsageError):
+        _run_app(["nonsense"], monkeypatch, optimum_cache)
+    with pytest.raises(app.UsageError):
+        _run_app(["convert"], monkeypatch, optimum_cache)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _run_app(["rescore", f"--results_root={empty}", "--progress=false"],
+                    monkeypatch, optimum_cache) == 1
+
+
+KILL_SCRIPT = """
+import os, signal, sys
+import jax
+jax.config.update("jax_enable_x64", True)
+from sphyr_jax import io, results
+from sphyr_jax.optimum import OptimumCache
+
+root, cache_dir, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+original = io._write_temp
+count = [0]
+
+def dying(path, writer, encoding):
+    count[0] += 1
+    if count[0] != kill_at:
+        return original(path, writer, encoding)
+
+    def half_then_die(handle):
+        writer(handle)
+        handle.flush()
+        os.kill(os.getpid(), signal.SIGKILL)  # mid-write: temp file done, not renamed
+
+    return original(path, half_then_die, encoding)
+
+io._write_temp = dying
+results.rescore_tree(root, cache=OptimumCache(cache_dir))
+"""
+
+
+def _disk_cache(directory, records, session_cache):
+    from sphyr_jax.loadcase import load_case_from_grid
+    from sphyr_jax.optimum import OptimumCache, optimum_key
+
+    disk = OptimumCache(directory)
+    for rec in records:
+        case = load_case_from_grid(rec["ground_truth"], rec["prompt"])
+        seed = np.asarray(case.pinned)
+        res = session_cache.get(case, seed)
+        disk._store(optimum_key(case, seed), {
+            "densities": np.asarray(res.densities), "compliance": float(res.compliance),
+            "iterations": int(res.iterations), "converged": bool(res.converged)})
+
+
+@pytest.mark.parametrize("kill_at", [1, 3])
+def test_kill_during_rescore_loses_nothing(kill_at, tmp_path, gpt4o_records, optimum_cache):
+    import subprocess
+    import sys
+
+    records = [{k: r[k] for k in ("subject", "prompt", "ground_truth", "completion")}
+               for r in gpt4o_records[:3]]
+    root = tmp_path / "results"
+    for model in ("model-a", "model-b"):
+        (root / model).mkdir(parents=True)
+        (root / model / "full_easy_results.json").write_text(json.dumps(records))
+    before = {p: p.read_bytes() for p in root.rglob("*.json")}
+    _disk_cache(tmp_path / "optima", records, optimum_cache)
+    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(root),
+                           str(tmp_path / "optima"), str(kill_at)],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    # Writes go results, aggregates, results, ...: files before the kill are
+    # new and complete, the one being written and later ones are the old bytes.
+    targets = [root / "model-a" / "full_easy_results.json",
+               root / "model-a" / "full_easy_aggregated_results.json",
+               root / "model-b" / "full_easy_results.json"]
+    for j, path in enumerate(targets):
+        if j < kill_at - 1:
+            data = json.loads(path.read_text())
+            assert data  # complete, parseable, new
+            if path.name.endswith(AGGREGATED_SUFFIX):
+                assert data["evaluated_samples"] == len(records)
+            else:
+                assert all("topology_score" in r for r in data)
+        elif path in before:
+            assert path.read_bytes() == before[path]
+        else:
+            assert not path.exists()
+    # Re-running completes the job; the result equals an uninterrupted run.
+    rescore_tree(root, cache=optimum_cache)
+    clean = tmp_path / "clean"
+    for model in ("model-a", "model-b"):
+        (clean / model).mkdir(parents=True)
+        (clean / model / "full_easy_results.json").write_text(json.dumps(records))
+    rescore_tree(clean, cache=optimum_cache)
+    for path in clean.rglob("*_results.json"):
+        assert path.read_bytes() == (root / path.relative_to(clean)).read_bytes()

@@ -1,0 +1,108 @@
+"""The sharded path: four XLA CPU devices give the same figures as one.
+
+JAX fixes its device count when it starts, so these tests run a fresh Python
+process with ``XLA_FLAGS=--xla_force_host_platform_device_count=4``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import GPT4O_RESULTS, REPO
+
+from sphyr_jax.loadcase import load_case_from_grid
+from sphyr_jax.optimum import OptimumCache, optimum_key
+from sphyr_jax.results import rescore_tree
+
+
+def _run(code: str, *args: str, devices: int = 4) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    return subprocess.run([sys.executable, *(["-c", code] if code else []), *args],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from sphyr_jax import simp
+    from sphyr_jax.grids import densities_from_grid, extract_grid
+    from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases
+    from sphyr_jax.metrics import analyze_batch
+    from sphyr_jax.optimum import OptimumOptions, reference_optimum_batch
+
+    records = json.load(open(sys.argv[1]))[:13]
+    cases = stack_load_cases([load_case_from_grid(r["ground_truth"], r["prompt"])
+                              for r in records])
+    designs = np.stack([densities_from_grid(extract_grid(r["completion"]))[0]
+                        for r in records])
+    out = {"devices": jax.local_device_count()}
+    for n in (4, 1):
+        a = analyze_batch(cases, designs, num_devices=n)
+        opts = OptimumOptions(simp=simp.SimpOptions(max_iterations=30), polish_passes=5,
+                              tabu_passes=1, num_devices=n)
+        o = reference_optimum_batch(stack_load_cases(
+            [load_case_from_grid(r["ground_truth"], r["prompt"]) for r in records[:5]]),
+            options=opts)
+        out[n] = {"compliance": a.compliance.tolist(),
+                  "max_displacement": a.max_displacement.tolist(),
+                  "optimum": o.compliance.tolist(),
+                  "designs": o.densities.tolist()}
+    print(json.dumps(out))
+""")
+
+
+def test_four_devices_equal_one(gpt4o_records):
+    proc = _run(SCRIPT, str(GPT4O_RESULTS))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 4
+    four, one = out["4"], out["1"]
+    np.testing.assert_array_equal(four["compliance"], one["compliance"])
+    np.testing.assert_array_equal(four["max_displacement"], one["max_displacement"])
+    np.testing.assert_allclose(four["optimum"], one["optimum"], rtol=1e-9)
+    np.testing.assert_array_equal(four["designs"], one["designs"])
+    # And both equal the stored reference figures (13 is not a multiple of 4:
+    # the padding inside must not leak into the results).
+    for rec, c in zip(gpt4o_records[:13], four["compliance"], strict=True):
+        if rec["load_carrying"]:
+            assert c == pytest.approx(rec["compliance"], rel=1e-6)
+
+
+def test_app_summary_says_four_devices(tmp_path, gpt4o_records, optimum_cache):
+    records = gpt4o_records[:3]
+    root = tmp_path / "results" / "gpt-4o-2024-08-06"
+    root.mkdir(parents=True)
+    stripped = [{k: r[k] for k in ("subject", "prompt", "ground_truth", "completion")}
+                for r in records]
+    (root / "full_easy_results.json").write_text(json.dumps(stripped))
+    # Optima on disk (from the session's cache), so the subprocess only scores.
+    disk = OptimumCache(tmp_path / "optima")
+    for rec in records:
+        case = load_case_from_grid(rec["ground_truth"], rec["prompt"])
+        seed = np.asarray(case.pinned)
+        res = optimum_cache.get(case, seed)
+        disk._store(optimum_key(case, seed), {
+            "densities": np.asarray(res.densities), "compliance": float(res.compliance),
+            "iterations": int(res.iterations), "converged": bool(res.converged)})
+    proc = _run("", "-m", "sphyr_jax", "rescore", f"--results_root={tmp_path / 'results'}",
+                f"--cache_dir={tmp_path / 'optima'}", "--compilation_cache_dir=",
+                "--progress=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "devices=4" in proc.stdout
+    assert "optimisations=0" in proc.stdout
+    sharded = json.loads((root / "full_easy_results.json").read_text())
+    copy = tmp_path / "again" / "gpt-4o-2024-08-06"
+    copy.mkdir(parents=True)
+    (copy / "full_easy_results.json").write_text(json.dumps(stripped))
+    rescore_tree(tmp_path / "again", cache=optimum_cache, num_devices=1)
+    single = json.loads((copy / "full_easy_results.json").read_text())
+    assert sharded == single
