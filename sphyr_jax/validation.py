@@ -27,13 +27,13 @@ from sphyr_jax.sharding import device_count
 
 PROBES = ("dataset answer", "2 cells flipped", "10 cells flipped", "filled solid",
           "left empty")
-COLUMNS = (  # (header, metric field)
-    ("topo score", "topology_score"),
-    ("stiffness", "structural_efficiency"),
-    ("material", "material_efficiency"),
-    ("vs GT", "compliance_efficiency_vs_ground_truth"),
-    ("volume", "volume_fraction"),
-    ("carrying", "load_carrying"),
+COLUMNS = (  # (header, metric field, printed width)
+    ("topo score", "topology_score", 10),
+    ("stiffness", "structural_efficiency", 10),
+    ("material", "material_efficiency", 9),
+    ("vs GT", "compliance_efficiency_vs_ground_truth", 7),
+    ("volume", "volume_fraction", 7),
+    ("carrying", "load_carrying", 9),
 )
 HARD_VALUES = (0.0, 0.2, 0.5, 0.7, 1.0)
 BEATEN_THRESHOLD = 1.0005
@@ -87,11 +87,10 @@ class ValidationReport:
 
     def table(self) -> str:
         """The table in the published layout."""
-        header = f"{'completion':18s} " + " ".join(
-            f"{name:>{max(len(name), 7)}s}" for name, _ in COLUMNS)
+        header = f"{'completion':18s} " + " ".join(f"{name:>{w}s}" for name, _, w in COLUMNS)
         lines = [header, "-" * len(header)]
         for row in self.rows:
-            cells = " ".join(f"{row[field]:{max(len(name), 7)}.3f}" for name, field in COLUMNS)
+            cells = " ".join(f"{row[field]:{w}.3f}" for _, field, w in COLUMNS)
             lines.append(f"{row['probe']:18s} {cells}")
         lines.append("")
         lines.append(self.beaten_line())
@@ -139,7 +138,7 @@ def validate_records(records, subject: str, hard: bool | None = None,
     for name in PROBES:
         ms = [m for m, o in zip(scored, owners, strict=True) if o == name]
         row = {"probe": name}
-        for _, field in COLUMNS:
+        for _, field, _ in COLUMNS:
             row[field] = sum(float(getattr(m, field) or 0.0) for m in ms) / max(len(ms), 1)
         rows.append(row)
         if name == PROBES[0]:
