@@ -407,18 +407,28 @@ def write_subjects(
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     output = pathlib.Path(output_dir)
     texts = {output / f"{name}.{fmt}": render_subject(recs, fmt) for name, recs in subjects.items()}
-    created = _created_dirs(output)
+    commit_files(texts, output)
+    return {name: len(recs) for name, recs in subjects.items()}
+
+
+def commit_files(texts, directory) -> None:
+    """Create ``directory`` (and parents) and write ``texts`` all or nothing.
+
+    On failure no target is changed and the folders this call created are
+    removed again.
+    """
+    directory = pathlib.Path(directory)
+    created = _created_dirs(directory)
     try:
-        output.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
         atomic_write_files(texts)
     except BaseException:
-        for directory in created:
+        for folder in created:
             try:
-                directory.rmdir()
+                folder.rmdir()
             except OSError:
                 break
         raise
-    return {name: len(recs) for name, recs in subjects.items()}
 
 
 def list_raw_files(raw_dir, order: str = "name") -> list[pathlib.Path]:

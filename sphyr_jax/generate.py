@@ -42,6 +42,7 @@ from sphyr_jax import fea
 from sphyr_jax.convert import (
     RAW_SUFFIX,
     build_subjects,
+    commit_files,
     convert_raw_dir,
     list_raw_files,
     raw_file_number,
@@ -50,7 +51,7 @@ from sphyr_jax.convert import (
 )
 from sphyr_jax.datasets import list_subjects
 from sphyr_jax.grids import LOAD, SUPPORT, grid_to_text
-from sphyr_jax.io import atomic_write_files, atomic_write_json, atomic_write_text, read_json
+from sphyr_jax.io import atomic_write_json, atomic_write_text, read_json
 from sphyr_jax.loadcase import LoadCase, load_case_from_grid, stack_load_cases, with_budget
 from sphyr_jax.optimum import OptimumOptions, binarize, reference_optimum_batch
 from sphyr_jax.sharding import batch_call
@@ -438,14 +439,6 @@ def _default_batch(num_samples: int) -> int:
     return min(256, 8 * math.ceil(max(8, math.ceil(1.25 * num_samples)) / 8))
 
 
-def _created_dirs(directory: pathlib.Path) -> list[pathlib.Path]:
-    missing, current = [], directory.absolute()
-    while not current.exists() and current.parent != current:
-        missing.append(current)
-        current = current.parent
-    return missing
-
-
 def _check_raw_folder(raw_dir: pathlib.Path, planned: set[str]) -> None:
     if not raw_dir.is_dir():
         return
@@ -611,15 +604,5 @@ def _write_dataset(output: pathlib.Path, raw_dir: pathlib.Path, kept, default_gr
             texts[raw_dir / path.name] = path.read_text(encoding="utf-8")
         for name in list_subjects():
             texts[output / f"{name}.jsonl"] = (stage_out / f"{name}.jsonl").read_text("utf-8")
-    created = _created_dirs(raw_dir)
-    try:
-        raw_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_files(texts)
-    except BaseException:
-        for directory in created:
-            try:
-                directory.rmdir()
-            except OSError:
-                break
-        raise
+    commit_files(texts, raw_dir)
     return subjects

@@ -162,11 +162,12 @@ def static_sizes(load_case: LoadCase, designs) -> tuple[int, int, int, int]:
 
     nel = mask.shape[-2] * mask.shape[-1]
     ndof = 2 * (mask.shape[-2] + 1) * (mask.shape[-1] + 1)
-    return (min(_bucket(solid), nel), min(_bucket(empty), nel), min(_bucket(cells), nel),
-            min(_bucket(dofs, 8), ndof))
+    # Small problems all share one shape (cheap to pad, costly to recompile).
+    return (min(_bucket(solid, 16), nel), min(_bucket(empty, 16), nel),
+            min(_bucket(cells, 16), nel), min(_bucket(dofs, 64), ndof))
 
 
-def _bucket(v: int, smallest: int = 4) -> int:
+def _bucket(v: int, smallest: int) -> int:
     """Round up to the ladder smallest * {1, 1.5, 2, 3, 4, 6, 8, ...}: at most
     half of padding, and few distinct shapes (each new shape compiles)."""
     size = smallest

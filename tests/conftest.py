@@ -12,11 +12,11 @@ jax.config.update("jax_enable_x64", True)
 
 # JAX's persistent compilation cache: a later test run on the same machine
 # skips compilation (results are unaffected).  Set the variable to "" to disable.
-_COMPILE_CACHE = os.environ.get(
+COMPILE_CACHE = os.environ.get(
     "SPHYR_JAX_TEST_COMPILATION_CACHE",
     str(pathlib.Path.home() / ".cache" / "sphyr_jax" / "jax-tests"))
-if _COMPILE_CACHE:
-    jax.config.update("jax_compilation_cache_dir", _COMPILE_CACHE)
+if COMPILE_CACHE:
+    jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -102,3 +102,20 @@ def optimum_cache():
     from sphyr_jax.optimum import OptimumCache
 
     return OptimumCache()
+
+
+def store_optima(directory, records, session_cache):
+    """Write the optima of stored records (``prompt``/``ground_truth``) as an
+    on-disk optimum cache, taking them from the session's cache, so a
+    subprocess can score those records without optimising."""
+    from sphyr_jax.loadcase import load_case_from_grid
+    from sphyr_jax.optimum import OptimumCache, optimum_key
+
+    disk = OptimumCache(directory)
+    for rec in records:
+        case = load_case_from_grid(rec["ground_truth"], rec["prompt"])
+        seed = np.asarray(case.pinned)
+        res = session_cache.get(case, seed)
+        disk._store(optimum_key(case, seed), {
+            "densities": np.asarray(res.densities), "compliance": float(res.compliance),
+            "iterations": int(res.iterations), "converged": bool(res.converged)})

@@ -76,17 +76,18 @@ def test_optimum_within_budget_and_not_worse_than_answer(yardstick):
     np.testing.assert_allclose(res.compliance, again, rtol=1e-9)
 
 
-def test_batched_equals_one_by_one(gpt4o_records, claude_records):
-    """16 heterogeneous samples (easy/hard, full/10-cell masks, loads, budgets) in
+def test_batched_equals_one_by_one(claude_records):
+    """16 heterogeneous samples (different loads, supports, masks and budgets) in
     one batch equal the same samples optimised alone.  Short SIMP runs and one
     polish start keep the test cheap (each single sample compiles its own polish
     shapes); run scheduling, rounding and polish are all exercised."""
     options = OptimumOptions(simp=simp.SimpOptions(max_iterations=40), polish_passes=8,
                              polish_starts=1, tabu_passes=0)
-    records = _unique(gpt4o_records)[:2] + _unique(claude_records)[:14]
+    records = _unique(claude_records)[:16]
     cases = [load_case_from_grid(r["ground_truth"], r["prompt"]) for r in records]
     assert len({float(c.volume_fraction) for c in cases}) > 8  # budgets differ
-    assert len({int(np.sum(c.design_mask)) for c in cases}) > 1  # masks differ
+    assert len({np.asarray(c.design_mask).tobytes() for c in cases}) == 16  # masks differ
+    assert len({np.asarray(c.load_mask).tobytes() for c in cases}) > 8  # loads differ
     together = reference_optimum_batch(stack_load_cases(cases), options=options)
     for i, case in enumerate(cases):
         alone = optimum.reference_optimum(case, options=options)
@@ -104,6 +105,27 @@ def test_batched_equals_one_by_one(gpt4o_records, claude_records):
 
 @pytest.fixture(scope="module")
 def small_case():
+    """A 10x10 sample (the shape every other optimum test compiles for) with two
+    masked rows: cheap to optimise."""
+    rows = ["0 0 L L L 0 0 0 0 0"] + ["0 0 0 1 1 0 0 0 0 0"] * 8 + ["0 S S S S S S 0 0 0"]
+    gt = [r.split() for r in rows]
+    grid = [row[:] for row in gt]
+    for r in (3, 6):
+        grid[r] = ["V"] * 10
+    return with_budget(load_case_from_grid(gt, grid), 0.3)
+
+
+def _filtered_compliance(case, radius=simp.DEFAULT_FILTER_RADIUS):
+    def fn(x):
+        rho = simp.physical_densities(x, case.design_mask, case.pinned, radius)
+        return fea.compliance(case, rho, 3.0)
+    return fn
+
+
+@pytest.fixture(scope="module")
+def fd_case():
+    """A small sample whose design region holds every cell but L/S: no void
+    cells pinned at E_min, so central differences are well conditioned."""
     grid = [
         "0 L L L 0 0".split(),
         "V V V V V V".split(),
@@ -115,17 +137,10 @@ def small_case():
     return with_budget(load_case_from_grid(gt, grid), 0.45)
 
 
-def _filtered_compliance(case, radius=simp.DEFAULT_FILTER_RADIUS):
-    def fn(x):
-        rho = simp.physical_densities(x, case.design_mask, case.pinned, radius)
-        return fea.compliance(case, rho, 3.0)
-    return fn
-
-
-def test_simp_sensitivity_vs_finite_differences(small_case, rng):
-    mask = np.asarray(small_case.design_mask)
-    x = np.where(mask, rng.uniform(0.2, 0.9, mask.shape), np.asarray(small_case.pinned))
-    fn = jax.jit(_filtered_compliance(small_case))
+def test_simp_sensitivity_vs_finite_differences(fd_case, rng):
+    mask = np.asarray(fd_case.design_mask)
+    x = np.where(mask, rng.uniform(0.2, 0.9, mask.shape), np.asarray(fd_case.pinned))
+    fn = jax.jit(_filtered_compliance(fd_case))
     grad = np.asarray(jax.jit(jax.grad(fn))(jnp.asarray(x)))
     h = 1e-6
     for i, j in zip(*np.nonzero(mask), strict=True):
@@ -200,7 +215,7 @@ def test_binarize_never_overspends_and_keeps_densest(rng):
 
 
 def test_simp_batch_equals_single_runs(small_case):
-    cases = [with_budget(small_case, v) for v in (0.35, 0.45, 0.6)]
+    cases = [with_budget(small_case, v) for v in (0.25, 0.3, 0.35)]
     batch = stack_load_cases(cases)
     penal = jnp.array([1.0, 2.0, 3.0])
     together = simp.optimize(batch, penal)

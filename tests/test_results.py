@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 from absl import flags
-from conftest import FULL_EASY, REPO, RTOL_REFERENCE, SHARED
+from conftest import FULL_EASY, REPO, RTOL_REFERENCE, SHARED, store_optima
 
 from sphyr_jax import cli
 from sphyr_jax.results import AGGREGATED_SUFFIX, aggregate, rescore_tree
@@ -47,7 +47,9 @@ def stripped_tree(tmp_path_factory, gpt4o_records, claude_records):
     originals = {}
     for folder, records, subject in (
         ("gpt-4o-2024-08-06", gpt4o_records, "full_easy"),
-        ("claude-3-7-sonnet-20250219", claude_records, "10_random_cell_hard"),
+        # Claude's records carry no stored metrics: 16 of them test that other
+        # fields survive (and keep the test short).
+        ("claude-3-7-sonnet-20250219", claude_records[:16], "10_random_cell_hard"),
     ):
         stripped = [{k: v for k, v in r.items() if k not in METRIC_FIELDS} for r in records]
         path = root / folder / f"{subject}_results.json"
@@ -88,7 +90,7 @@ def test_rescore_restores_reference_metrics(rescored):
         assert rec["unfilled_cells"] == old["unfilled_cells"]
         assert rec["unparsable_cells"] == old["unparsable_cells"]
         assert rec["physically_valid"] == old["physically_valid"]
-    assert summary.records == 200 and summary.files == 2 and not summary.corrupt
+    assert summary.records == 116 and summary.files == 2 and not summary.corrupt
 
 
 def test_rescore_leaves_other_fields_alone(rescored):
@@ -136,7 +138,7 @@ def test_dry_run_writes_nothing(stripped_tree, optimum_cache, tmp_path):
     before = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
     summary = rescore_tree(copy, dry_run=True, cache=optimum_cache)
     after = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
-    assert before == after and summary.records == 200 and not summary.written
+    assert before == after and summary.records == 116 and not summary.written
 
 
 HOSTILE = [None, "", "I cannot solve this.", 12, math.nan, "1e308 " * 10,
@@ -265,7 +267,7 @@ def test_rescore_flagfile(stripped_tree, optimum_cache, tmp_path, monkeypatch, c
                        "--progress=false"], monkeypatch, optimum_cache)
     assert status == 0
     text = capsys.readouterr().out
-    assert "devices=" in text and "rescored 200 records" in text
+    assert "devices=" in text and "rescored 116 records" in text
     board = _read(out_json)["rows"]
     assert {r["model"] for r in board} == {"gpt-4o-2024-08-06", "claude-3-7-sonnet-20250219"}
     assert (copy / "gpt-4o-2024-08-06" / "full_easy_aggregated_results.json").exists()
@@ -327,20 +329,6 @@ results.rescore_tree(root, cache=OptimumCache(cache_dir))
 """
 
 
-def _disk_cache(directory, records, session_cache):
-    from sphyr_jax.loadcase import load_case_from_grid
-    from sphyr_jax.optimum import OptimumCache, optimum_key
-
-    disk = OptimumCache(directory)
-    for rec in records:
-        case = load_case_from_grid(rec["ground_truth"], rec["prompt"])
-        seed = np.asarray(case.pinned)
-        res = session_cache.get(case, seed)
-        disk._store(optimum_key(case, seed), {
-            "densities": np.asarray(res.densities), "compliance": float(res.compliance),
-            "iterations": int(res.iterations), "converged": bool(res.converged)})
-
-
 @pytest.mark.parametrize("kill_at", [1, 3])
 def test_kill_during_rescore_loses_nothing(kill_at, tmp_path, gpt4o_records, optimum_cache):
     import subprocess
@@ -353,7 +341,7 @@ def test_kill_during_rescore_loses_nothing(kill_at, tmp_path, gpt4o_records, opt
         (root / model).mkdir(parents=True)
         (root / model / "full_easy_results.json").write_text(json.dumps(records))
     before = {p: p.read_bytes() for p in root.rglob("*.json")}
-    _disk_cache(tmp_path / "optima", records, optimum_cache)
+    store_optima(tmp_path / "optima", records, optimum_cache)
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(root),
                            str(tmp_path / "optima"), str(kill_at)],
                           capture_output=True, text=True, cwd=REPO, timeout=600)

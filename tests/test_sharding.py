@@ -14,10 +14,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import GPT4O_RESULTS, REPO
+from conftest import COMPILE_CACHE, GPT4O_RESULTS, REPO, store_optima
 
-from sphyr_jax.loadcase import load_case_from_grid
-from sphyr_jax.optimum import OptimumCache, optimum_key
 from sphyr_jax.results import rescore_tree
 
 
@@ -25,6 +23,8 @@ def _run(code: str, *args: str, devices: int = 4) -> subprocess.CompletedProcess
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env["JAX_PLATFORMS"] = "cpu"
+    if COMPILE_CACHE:  # share the suite's persistent compilation cache
+        env["JAX_COMPILATION_CACHE_DIR"] = COMPILE_CACHE
     return subprocess.run([sys.executable, *(["-c", code] if code else []), *args],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
 
@@ -84,15 +84,7 @@ def test_app_summary_says_four_devices(tmp_path, gpt4o_records, optimum_cache):
     stripped = [{k: r[k] for k in ("subject", "prompt", "ground_truth", "completion")}
                 for r in records]
     (root / "full_easy_results.json").write_text(json.dumps(stripped))
-    # Optima on disk (from the session's cache), so the subprocess only scores.
-    disk = OptimumCache(tmp_path / "optima")
-    for rec in records:
-        case = load_case_from_grid(rec["ground_truth"], rec["prompt"])
-        seed = np.asarray(case.pinned)
-        res = optimum_cache.get(case, seed)
-        disk._store(optimum_key(case, seed), {
-            "densities": np.asarray(res.densities), "compliance": float(res.compliance),
-            "iterations": int(res.iterations), "converged": bool(res.converged)})
+    store_optima(tmp_path / "optima", records, optimum_cache)  # the subprocess only scores
     proc = _run("", "-m", "sphyr_jax", "rescore", f"--results_root={tmp_path / 'results'}",
                 f"--cache_dir={tmp_path / 'optima'}", "--compilation_cache_dir=",
                 "--progress=false")

@@ -1,0 +1,104 @@
+"""Training a density model against differentiable compliance, without labels.
+
+A small equinox conv net (:class:`DensityNet`) maps a masked SPhyR input grid
+to densities for its masked (``V``) cells.  It never sees a dataset answer:
+every training problem is drawn at random (:mod:`~sphyr_jax.training.problems`)
+and the loss is physics — compliance through the differentiable FEA relative to
+the solid grid, plus a price on material (:mod:`~sphyr_jax.training.loop`).
+Completions are rounded to the subject's format and scored with
+:func:`sphyr_jax.metrics.score_batch` (:mod:`~sphyr_jax.training.evaluation`).
+
+float64 must be on (``sphyr_jax.enable_x64()``) before training or evaluating.
+"""
+
+from sphyr_jax.training.config import (
+    MASK_KINDS,
+    LossConfig,
+    ModelConfig,
+    ProblemConfig,
+    TrainConfig,
+    model_config_from_dict,
+    train_config_from_dict,
+)
+from sphyr_jax.training.evaluation import (
+    complete_grid,
+    complete_grids,
+    complete_records,
+    evaluate,
+    fill_baseline,
+    run_experiment,
+    score_completions,
+)
+from sphyr_jax.training.loop import (
+    batch_loss,
+    design_objective,
+    make_optimizer,
+    make_train_step,
+    schedule,
+    train,
+)
+from sphyr_jax.training.model import (
+    DensityNet,
+    init_model,
+    load_checkpoint,
+    predict,
+    save_checkpoint,
+)
+from sphyr_jax.training.problems import (
+    CHANNELS,
+    Pool,
+    build_problem,
+    force_vector,
+    free_dofs,
+    grid_features,
+    input_features,
+    make_pool,
+    round_to_format,
+    sample_boundary,
+    sample_mask,
+    sample_mask_and_kind,
+    sample_problem,
+    sample_problems,
+)
+
+__all__ = [
+    "CHANNELS",
+    "MASK_KINDS",
+    "DensityNet",
+    "LossConfig",
+    "ModelConfig",
+    "Pool",
+    "ProblemConfig",
+    "TrainConfig",
+    "batch_loss",
+    "build_problem",
+    "complete_grid",
+    "complete_grids",
+    "complete_records",
+    "design_objective",
+    "evaluate",
+    "fill_baseline",
+    "force_vector",
+    "free_dofs",
+    "grid_features",
+    "init_model",
+    "input_features",
+    "load_checkpoint",
+    "make_optimizer",
+    "make_pool",
+    "make_train_step",
+    "model_config_from_dict",
+    "predict",
+    "round_to_format",
+    "run_experiment",
+    "sample_boundary",
+    "sample_mask",
+    "sample_mask_and_kind",
+    "sample_problem",
+    "sample_problems",
+    "save_checkpoint",
+    "schedule",
+    "score_completions",
+    "train",
+    "train_config_from_dict",
+]

@@ -1,0 +1,188 @@
+"""Completing dataset inputs with a model, physical scoring, and a whole experiment.
+
+Completions keep every known token of the input and fill the ``V`` cells in
+the subject's format (``0``/``1`` at threshold 0.5, or one decimal); they are
+scored with :func:`sphyr_jax.metrics.score_batch` against the dataset answer
+(its boundary conditions, its volume fraction as the optimum's budget), with a
+record's ``gravity_dir`` when it has one.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from collections.abc import Callable, Sequence
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+
+from sphyr_jax.grids import MASK, as_grid, check_rectangular
+from sphyr_jax.loadcase import DEFAULT_GRAVITY
+from sphyr_jax.training.config import TrainConfig
+from sphyr_jax.training.loop import train
+from sphyr_jax.training.model import predict, save_checkpoint
+from sphyr_jax.training.problems import grid_features
+
+SUMMARY_KEYS = ("topology_score", "load_carrying", "structural_efficiency",
+                "material_efficiency", "volume_fraction", "ground_truth_volume_fraction")
+
+
+@eqx.filter_jit
+def _predict(model, features):
+    return predict(model, features)
+
+
+def _token(value: float, hard: bool) -> str:
+    if hard:
+        return f"{min(max(round(float(value), 1), 0.0), 1.0):.1f}"
+    return "1" if value >= 0.5 else "0"
+
+
+def _gravity(record: dict):
+    g = record.get("gravity_dir")
+    return DEFAULT_GRAVITY if g is None else tuple(g)
+
+
+def complete_grids(model, input_grids: Sequence, hard: bool, gravity_dirs=None) -> list:
+    """Fill the ``V`` cells of many input grids of one shape (one batched forward pass).
+
+    Args:
+        model: a :class:`~sphyr_jax.training.model.DensityNet`.
+        input_grids: masked grids (text or token rows), all of one shape.
+        hard: one-decimal tokens (else ``0``/``1``).
+        gravity_dirs: load direction per grid (default: down).
+
+    Returns:
+        Token grids (lists of string rows).
+    """
+    grids = [as_grid(g) for g in input_grids]
+    if not grids:
+        return []
+    gravity_dirs = list(gravity_dirs) if gravity_dirs is not None else [DEFAULT_GRAVITY] * len(
+        grids)
+    feats = np.stack([grid_features(g, d) for g, d in zip(grids, gravity_dirs, strict=True)])
+    rho = np.asarray(_predict(model, jnp.asarray(feats)))
+    out = []
+    for grid, values in zip(grids, rho, strict=True):
+        out.append([[_token(v, hard) if str(t).strip() == MASK else str(t).strip()
+                     for t, v in zip(row, vrow, strict=True)]
+                    for row, vrow in zip(grid, values, strict=True)])
+    return out
+
+
+def complete_grid(model, input_grid, hard: bool, gravity_dir=DEFAULT_GRAVITY) -> list:
+    """The input grid with every ``V`` cell filled in the subject's format (token rows)."""
+    return complete_grids(model, [input_grid], hard, [gravity_dir])[0]
+
+
+def complete_records(model, records: Sequence[dict], hard: bool) -> list:
+    """Completions of records (grouped by grid shape for batched forward passes)."""
+    by_shape: dict[tuple, list[int]] = {}
+    for i, r in enumerate(records):
+        by_shape.setdefault(check_rectangular(as_grid(r["input_grid"])), []).append(i)
+    completions: list = [None] * len(records)
+    for idx in by_shape.values():
+        done = complete_grids(model, [records[i]["input_grid"] for i in idx], hard,
+                              [_gravity(records[i]) for i in idx])
+        for i, c in zip(idx, done, strict=True):
+            completions[i] = c
+    return completions
+
+
+def score_completions(records: Sequence[dict], completions: Sequence, cache=None,
+                      num_devices: int | None = None) -> dict:
+    """Score completions of records with :func:`sphyr_jax.metrics.score_batch`.
+
+    Returns:
+        Means over records of ``SUMMARY_KEYS``, ``samples`` (count) and
+        ``per_record`` (one metrics dict per record).
+    """
+    from sphyr_jax.metrics import ScoreItem, score_batch
+
+    items = [ScoreItem(c, r["ground_truth"], r["input_grid"], _gravity(r))
+             for r, c in zip(records, completions, strict=True)]
+    metrics = score_batch(items, cache, num_devices=num_devices)
+    out = {k: float(np.mean([float(getattr(m, k)) for m in metrics])) if metrics else 0.0
+           for k in SUMMARY_KEYS}
+    return {**out, "samples": len(metrics), "per_record": [m.as_dict() for m in metrics]}
+
+
+def evaluate(model, records: Sequence[dict], hard: bool, cache=None,
+             num_devices: int | None = None) -> dict:
+    """Complete every record's input with the model and score it physically.
+
+    Args:
+        model: a trained :class:`~sphyr_jax.training.model.DensityNet`.
+        records: ``{"input_grid", "ground_truth"}`` (+ optional ``"gravity_dir"``).
+        hard: subject format (one decimal) or 0/1.
+        cache: an :class:`~sphyr_jax.optimum.OptimumCache` shared between calls.
+        num_devices: devices scoring is split over (None: all local).
+
+    Returns:
+        See :func:`score_completions`, plus ``completions`` (token grids).
+    """
+    completions = complete_records(model, records, hard)
+    return {**score_completions(records, completions, cache, num_devices),
+            "completions": completions}
+
+
+def fill_baseline(records: Sequence[dict], token: str, cache=None,
+                  num_devices: int | None = None) -> dict:
+    """Score completions that put ``token`` (``"0"``: empty, ``"1"``: solid) in every V cell."""
+    completions = [[[token if str(t).strip() == MASK else str(t).strip() for t in row]
+                    for row in as_grid(r["input_grid"])] for r in records]
+    return score_completions(records, completions, cache, num_devices)
+
+
+def _prefixed(prefix: str, result: dict) -> dict:
+    return {f"{prefix}_{k}": result[k] for k in (*SUMMARY_KEYS, "samples")}
+
+
+def run_experiment(cfg: TrainConfig, workdir, records: Sequence[dict] = (), hard: bool = False,
+                   cache=None, baselines: bool = False,
+                   log: Callable[[str], None] | None = None) -> dict:
+    """Train, checkpoint, evaluate; writes ``<workdir>/metrics.json`` and returns its content.
+
+    Args:
+        cfg: training configuration.
+        workdir: output folder (``model.eqx``, ``model.json``, ``metrics.json``,
+            ``eval_records.json``).
+        records: evaluation records (none: no evaluation).
+        hard: evaluation format (one decimal) or 0/1.
+        cache: optimum cache for scoring.
+        baselines: also score all-empty and all-solid completions.
+        log: optional callable receiving progress lines.
+
+    Returns:
+        ``{"config", "curve", "train_seconds", "checkpoint", "eval_*" (means,
+        ``eval_samples``), "eval_seconds", "baseline_empty_*", "baseline_solid_*"}``.
+    """
+    from sphyr_jax.io import atomic_write_json
+
+    log = log or (lambda line: None)
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    model, curve = train(cfg, log=lambda e: log(
+        f"step {e['step']}: loss {e['loss']:.4f} vf {e['volume_fraction']:.3f} "
+        f"carrying {e['carrying']:.2f} ({e['seconds']:.0f} s)"))
+    out = {"config": cfg.as_dict(), "curve": curve, "train_seconds": time.perf_counter() - t0}
+    out["checkpoint"] = str(save_checkpoint(workdir, model, cfg.model).name)
+    if records:
+        t1 = time.perf_counter()
+        result = evaluate(model, records, hard, cache)
+        out.update(_prefixed("eval", result))
+        out["eval_seconds"] = time.perf_counter() - t1
+        atomic_write_json(workdir / "eval_records.json", [
+            {"index": r.get("index", i), "completion": c, **m}
+            for i, (r, c, m) in enumerate(zip(records, result["completions"],
+                                              result["per_record"], strict=True))])
+        log(f"eval: topology_score {result['topology_score']:.4f} load_carrying "
+            f"{result['load_carrying']:.3f} on {result['samples']} records "
+            f"({out['eval_seconds']:.0f} s)")
+        if baselines:
+            for name, token in (("empty", "0"), ("solid", "1")):
+                out.update(_prefixed(f"baseline_{name}", fill_baseline(records, token, cache)))
+    atomic_write_json(workdir / "metrics.json", out)
+    return out

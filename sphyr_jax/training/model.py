@@ -1,0 +1,107 @@
+"""The density model and its checkpoints.
+
+:class:`DensityNet` maps one sample's features (channels, nely, nelx) (see
+:data:`sphyr_jax.training.problems.CHANNELS`) to logits (nely, nelx); a sigmoid
+turns them into densities, which callers use only on design cells.  Checkpoints
+are the model's leaves (``eqx.tree_serialise_leaves``) plus its architecture as
+JSON, so a model loads without the training configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from sphyr_jax.training.config import ModelConfig, model_config_from_dict
+from sphyr_jax.training.problems import CHANNELS
+
+WEIGHTS_FILE = "model.eqx"
+CONFIG_FILE = "model.json"
+
+
+class DensityNet(eqx.Module):
+    """Residual dilated conv net with global context: features -> logits.
+
+    Each block adds ``conv_d(gelu(h + W mean(h)))`` to the hidden state: the
+    dilations give a receptive field spanning the grid (load at the top,
+    supports at the bottom), the global mean lets every cell see e.g. the
+    length of the load.  The 1x1 head starts at zero weights and the bias of
+    ``init_density``, so every design cell starts at that density.
+    """
+
+    stem: eqx.nn.Conv2d
+    blocks: tuple
+    mixers: tuple
+    head: eqx.nn.Conv2d
+
+    def __init__(self, config: ModelConfig, key):
+        n = len(config.dilations)
+        keys = jax.random.split(key, 2 * n + 2)
+        w = config.width
+        self.stem = eqx.nn.Conv2d(len(CHANNELS), w, 3, padding=1, key=keys[0])
+        self.blocks = tuple(eqx.nn.Conv2d(w, w, 3, padding=d, dilation=d, key=keys[1 + i])
+                            for i, d in enumerate(config.dilations))
+        self.mixers = tuple(eqx.nn.Linear(w, w, key=keys[1 + n + i]) for i in range(n))
+        p = config.init_density
+        head = eqx.nn.Conv2d(w, 1, 1, key=keys[-1])
+        self.head = eqx.tree_at(lambda h: (h.weight, h.bias), head,
+                                (jnp.zeros_like(head.weight),
+                                 jnp.full_like(head.bias, math.log(p / (1.0 - p)))))
+
+    def __call__(self, features: jax.Array) -> jax.Array:
+        """Logits (nely, nelx) of one sample's features (C, nely, nelx)."""
+        h = self.stem(features)
+        for conv, mix in zip(self.blocks, self.mixers, strict=True):
+            g = mix(jnp.mean(h, axis=(1, 2)))
+            h = h + conv(jax.nn.gelu(h + g[:, None, None]))
+        return self.head(jax.nn.gelu(h))[0]
+
+
+def init_model(config: ModelConfig, key) -> DensityNet:
+    """A float64 :class:`DensityNet` initialised from a PRNG key (or an int seed)."""
+    if isinstance(key, int):
+        key = jax.random.PRNGKey(key)
+    model = DensityNet(config, key)
+    return jax.tree.map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a, model)
+
+
+def predict(model: DensityNet, features: jax.Array, sharpness=1.0, leak=0.0) -> jax.Array:
+    """Densities sigmoid(sharpness * logits) of a batch, (B, nely, nelx).
+
+    Args:
+        model: the density model.
+        features: (B, C, nely, nelx).
+        sharpness: logit scale (1 at inference).
+        leak: added to the derivative with respect to the scaled logits
+            without changing the value (keeps saturated cells trainable).
+    """
+    z = sharpness * jax.vmap(model)(features)
+    return jax.nn.sigmoid(z) + leak * (z - jax.lax.stop_gradient(z))
+
+
+def save_checkpoint(directory, model: DensityNet, config: ModelConfig) -> pathlib.Path:
+    """Write ``model.eqx`` (leaves) and ``model.json`` (architecture); returns the weights path."""
+    from sphyr_jax.io import atomic_write_json
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / WEIGHTS_FILE
+    tmp = directory / (WEIGHTS_FILE + ".tmp")
+    eqx.tree_serialise_leaves(tmp, model)
+    tmp.replace(path)
+    atomic_write_json(directory / CONFIG_FILE, dataclasses.asdict(config))
+    return path
+
+
+def load_checkpoint(directory) -> DensityNet:
+    """Read a model written by :func:`save_checkpoint`."""
+    directory = pathlib.Path(directory)
+    config = model_config_from_dict(json.loads((directory / CONFIG_FILE).read_text()))
+    skeleton = init_model(config, 0)
+    return eqx.tree_deserialise_leaves(directory / WEIGHTS_FILE, skeleton)
