@@ -7,7 +7,7 @@ completes a SPhyR subject's inputs, which are scored physically.  Writes
 ``model.json``).
 
     python experiments/train_compliance.py --flagfile=configs/train_smoke.cfg \\
-        --workdir=/tmp/smoke --eval_limit=40
+        --workdir=runs/smoke --eval_limit=40
 """
 
 from __future__ import annotations
