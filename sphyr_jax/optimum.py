@@ -507,7 +507,7 @@ class OptimumCache:
     """
 
     def __init__(self, directory: str | os.PathLike | None = None,
-                 options: OptimumOptions = DEFAULT_OPTIONS, max_batch: int = 128):
+                 options: OptimumOptions = DEFAULT_OPTIONS, max_batch: int = 64):
         self.options = options
         self.max_batch = max(1, int(max_batch))  # samples optimised per batch (memory)
         self.directory = pathlib.Path(directory) if directory else None
@@ -572,8 +572,11 @@ class OptimumCache:
                 entries[key] = found
                 self.hits += 1
         pending = list(missing.items())
-        for lo in range(0, len(pending), self.max_batch):
-            part = pending[lo: lo + self.max_batch]
+        # Even batches of at most max_batch samples (bounds memory: ~3 GB peak
+        # at 50 full-mask samples on CPU).
+        step = -(-len(pending) // max(1, -(-len(pending) // self.max_batch))) if pending else 1
+        for lo in range(0, len(pending), step):
+            part = pending[lo: lo + step]
             idx = [i for _, i in part]
             batch = stack_load_cases([cases[i] for i in idx])
             sd = None if seeds is None else np.stack([np.asarray(seeds[i]) for i in idx])
