@@ -16,6 +16,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import statistics
@@ -48,8 +49,7 @@ def run(samples: int = 100, repeats: int = 2, num_devices: int | None = None,
     cases = [load_case_from_grid(r["ground_truth"], r["prompt"]) for r in records]
     batch = stack_load_cases(cases)
     stored = np.array([r["optimal_compliance"] for r in records], np.float64)
-    options = DEFAULT_OPTIONS if num_devices is None else \
-        type(DEFAULT_OPTIONS)(num_devices=num_devices)
+    options = dataclasses.replace(DEFAULT_OPTIONS, num_devices=num_devices)
 
     def once():
         stages = {}

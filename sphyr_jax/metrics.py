@@ -171,8 +171,14 @@ def score_batch(
     for idx in by_shape.values():
         cases = [prepared[i].case for i in idx]
         stacked = stack_load_cases(cases)
-        out = analyze_batch(stacked, np.stack([prepared[i].out_rho for i in idx]), num_devices)
-        gt = analyze_batch(stacked, np.stack([prepared[i].gt_rho for i in idx]), num_devices)
+        # Completions and dataset answers in one batched call.
+        n = len(idx)
+        both = analyze_batch(
+            jax.tree.map(lambda a: np.concatenate([a, a]), stacked),
+            np.stack([prepared[i].out_rho for i in idx] + [prepared[i].gt_rho for i in idx]),
+            num_devices)
+        out = jax.tree.map(lambda a, n=n: a[:n], both)
+        gt = jax.tree.map(lambda a, n=n: a[n:], both)
         if progress is not None:
             progress("analysis", len(idx), len(idx))
         optima = cache.get_many(cases, [prepared[i].gt_rho for i in idx], progress=progress)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import pathlib
 from collections import deque
@@ -140,14 +141,12 @@ def binarize(densities, design_mask, pinned, target_solid):
     flat = densities.reshape(batch[:-2] + (-1,))
     mask = jnp.broadcast_to(jnp.asarray(design_mask), batch).reshape(flat.shape)
     pinned = jnp.broadcast_to(jnp.asarray(pinned), batch)
-    nel = flat.shape[-1]
     # Stable order: density descending, then cell index; non-design cells last.
     key = jnp.where(mask, -flat, jnp.inf)
     order = jnp.argsort(key, axis=-1, stable=True)
     rank = jnp.argsort(order, axis=-1, stable=True)
     count = jnp.broadcast_to(jnp.floor(jnp.asarray(target_solid) + 1e-9), batch[:-2])
     solid = mask & (rank < count[..., None])
-    del nel
     out = jnp.where(mask, solid.astype(flat.dtype),
                     pinned.reshape(flat.shape))
     return out.reshape(batch)
@@ -542,7 +541,11 @@ class OptimumCache:
         self._memory[key] = entry
         return entry
 
-    def _store(self, key: str, entry: dict) -> None:
+    def put(self, case: LoadCase, seed, result: OptimumResult) -> None:
+        """Store the optimum ``result`` (one sample) of ``case`` and ``seed``."""
+        self._store(optimum_key(case, seed, self.options), _entry(result))
+
+    def _store(self, key: str, entry: dict) -> dict:
         self._memory[key] = entry
         path = None if self.directory is None else self.directory / f"{key}.json"
         if path is not None and str(path) not in self.corrupt:  # corrupt files stay as found
@@ -553,6 +556,7 @@ class OptimumCache:
                 "iterations": entry["iterations"],
                 "converged": entry["converged"],
             })
+        return entry
 
     def get_many(self, cases: Sequence[LoadCase], seeds=None, progress=None) -> OptimumResult:
         """Optima of many samples; computes the missing ones in one batch."""
@@ -574,7 +578,7 @@ class OptimumCache:
         pending = list(missing.items())
         # Even batches of at most max_batch samples (bounds memory: ~3 GB peak
         # at 50 full-mask samples on CPU).
-        step = -(-len(pending) // max(1, -(-len(pending) // self.max_batch))) if pending else 1
+        step = max(1, math.ceil(len(pending) / max(1, math.ceil(len(pending) / self.max_batch))))
         for lo in range(0, len(pending), step):
             part = pending[lo: lo + step]
             idx = [i for _, i in part]
@@ -585,14 +589,7 @@ class OptimumCache:
             if progress is not None:
                 progress("optima", lo + len(part), len(pending))
             for j, (key, _) in enumerate(part):
-                entry = {
-                    "densities": np.asarray(res.densities[j]),
-                    "compliance": float(res.compliance[j]),
-                    "iterations": int(res.iterations[j]),
-                    "converged": bool(res.converged[j]),
-                }
-                self._store(key, entry)
-                entries[key] = entry
+                entries[key] = self._store(key, _entry(jax.tree.map(lambda a, j=j: a[j], res)))
         got = [entries[k] for k in keys]
         return OptimumResult(
             densities=np.stack([e["densities"] for e in got]),
@@ -605,6 +602,16 @@ class OptimumCache:
     def get(self, case: LoadCase, seed=None) -> OptimumResult:
         res = self.get_many([case], None if seed is None else [seed])
         return jax.tree.map(lambda a: a[0], res)
+
+
+def _entry(result: OptimumResult) -> dict:
+    """A cache entry from the optimum of one sample."""
+    return {
+        "densities": np.asarray(result.densities, np.float64),
+        "compliance": float(result.compliance),
+        "iterations": int(result.iterations),
+        "converged": bool(result.converged),
+    }
 
 
 def unstack(load_case: LoadCase) -> list[LoadCase]:

@@ -109,13 +109,10 @@ def store_optima(directory, records, session_cache):
     on-disk optimum cache, taking them from the session's cache, so a
     subprocess can score those records without optimising."""
     from sphyr_jax.loadcase import load_case_from_grid
-    from sphyr_jax.optimum import OptimumCache, optimum_key
+    from sphyr_jax.optimum import OptimumCache
 
     disk = OptimumCache(directory)
     for rec in records:
         case = load_case_from_grid(rec["ground_truth"], rec["prompt"])
         seed = np.asarray(case.pinned)
-        res = session_cache.get(case, seed)
-        disk._store(optimum_key(case, seed), {
-            "densities": np.asarray(res.densities), "compliance": float(res.compliance),
-            "iterations": int(res.iterations), "converged": bool(res.converged)})
+        disk.put(case, seed, session_cache.get(case, seed))
