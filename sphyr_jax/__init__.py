@@ -1,8 +1,10 @@
 """sphyr_jax: differentiable, batched physics scoring for the SPhyR benchmark.
 
 float64 is required: call ``sphyr_jax.enable_x64()`` (or
-``jax.config.update("jax_enable_x64", True)``) once at program start.  Importing
-this package never changes JAX's global configuration.
+``jax.config.update("jax_enable_x64", True)``) once at program start, and
+``sphyr_jax.enable_compilation_cache()`` to keep compiled programs on disk for
+the next process.  Importing this package never changes JAX's global
+configuration.
 """
 
 from sphyr_jax.fea import (
@@ -14,8 +16,6 @@ from sphyr_jax.fea import (
     compliance,
     dense_stiffness,
     element_strain_energy,
-    enable_x64,
-    require_x64,
     simp_moduli,
     solve,
 )
@@ -52,6 +52,7 @@ from sphyr_jax.optimum import (
     reference_optimum_batch,
 )
 from sphyr_jax.results import rescore_tree
+from sphyr_jax.runtime import enable_compilation_cache, enable_x64, require_x64
 from sphyr_jax.simp import SimpOptions, apply_filter, optimize
 from sphyr_jax.validation import validate_records
 
@@ -91,6 +92,7 @@ __all__ = [
     "densities_from_grid",
     "element_stiffness",
     "element_strain_energy",
+    "enable_compilation_cache",
     "enable_x64",
     "extract_grid",
     "format_design",

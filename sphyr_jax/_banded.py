@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sphyr_jax.mesh import LOCAL_NODE_OFFSETS, Mesh
 
@@ -80,19 +81,18 @@ def row_band(mesh: Mesh, moduli: jax.Array, free: jax.Array) -> jax.Array:
     b, n, p = mesh.half_bandwidth, mesh.n_dofs, mesh.padded_dofs
     batch = moduli.shape[2:]
     w = jnp.asarray(mesh.band_weights)  # (4, b + 1, 2)
-    corners = corner_fields(mesh, moduli)
-    band = sum(
-        c[:, :, None, None] * w[q].T.reshape((1, 1, 2, b + 1) + (1,) * len(batch))
-        for q, c in enumerate(corners)
-    )  # (nely + 1, nelx + 1, 2, b + 1, B)
-    band = band.reshape((n, b + 1) + batch)
+    corners = jnp.stack(corner_fields(mesh, moduli))  # (4, nely + 1, nelx + 1, B...)
+    # One contraction (few ops compile fast): band[v, alpha, d] = sum_q E^(q)_v W[q, d, alpha].
+    band = jnp.einsum("qyx...,qda->yxad...", corners, w).reshape((n, b + 1) + batch)
     band = jnp.concatenate([band, jnp.zeros((p - n, b + 1) + batch, band.dtype)], axis=0)
 
     fr = jnp.asarray(free, band.dtype)
     fr = jnp.concatenate([jnp.zeros((b,) + batch, fr.dtype), fr,
                           jnp.zeros((p - n,) + batch, fr.dtype)], axis=0)  # (b + P, B)
     row_free = fr[b:]
-    col_free = jnp.stack([fr[d : d + p] for d in range(b + 1)], axis=1)  # (P, b + 1, B)
+    # col_free[i, d] = free of column i - b + d: one static gather.
+    cols = np.arange(p)[:, None] + np.arange(b + 1)[None, :]
+    col_free = fr[cols]  # (P, b + 1, B)
     band = band * row_free[:, None] * col_free
     diag = band[:, b] + (1.0 - row_free)
     return jnp.concatenate([band[:, :b], diag[:, None]], axis=1)
@@ -110,15 +110,12 @@ def factor(mesh: Mesh, band: jax.Array) -> jax.Array:
     s, b, m, steps = mesh.block, mesh.half_bandwidth, mesh.window, mesh.steps
     batch = band.shape[2:]
 
-    def widen(row, i, width):
-        """Row i of the band as a dense row of the window (columns 0 .. width)."""
-        lo = max(0, i - b)
-        seg = row[b - (i - lo) :]  # columns lo .. i
-        parts = [jnp.zeros((lo,) + batch, band.dtype), seg,
-                 jnp.zeros((width - i - 1,) + batch, band.dtype)]
-        return jnp.concatenate([x for x in parts if x.shape[0]], axis=0)
-
-    w0 = jnp.stack([widen(band[i], i, m) for i in range(m)], axis=0)
+    # Lower triangle of the first m rows as a dense window (one static gather):
+    # window[i, j] = band[i, b - i + j] for i - b <= j <= i, else 0.
+    i, j = np.arange(m)[:, None], np.arange(m)[None, :]
+    inside = (j <= i) & (j >= i - b)
+    padded = jnp.concatenate([band[:m], jnp.zeros((m, 1) + batch, band.dtype)], axis=1)
+    w0 = padded[i, np.where(inside, b - i + j, b + 1)]  # (m, m, B)
     incoming = band[m : m + steps * s].reshape((steps, s, b + 1) + batch)
 
     def step(window, rows):

@@ -63,18 +63,30 @@ def _compiled(fn, static_items: tuple, num_devices: int):
                                  out_specs=spec, check_vma=False))
 
 
-def _pad(x, multiple: int):
+def _pad_to(x, size: int):
     n = x.shape[0]
-    extra = (-n) % multiple
-    if not extra:
+    if n == size:
         return x
     # Repeat real entries: padding must stay a well-posed problem.
-    idx = np.concatenate([np.arange(n), np.arange(extra) % n])
-    return x[idx]
+    return x[np.arange(size) % n]
+
+
+def bucket_size(n: int, num_devices: int = 1) -> int:
+    """Padded batch size: the next power of two >= n, a multiple of the devices.
+
+    Batched programs compile once per bucket, so a new batch size inside a
+    bucket never compiles again (at most half of a batch is padding).
+    """
+    size = 1 << max(0, int(n) - 1).bit_length()
+    return -(-size // num_devices) * num_devices
 
 
 def batch_call(fn, *args, num_devices: int | None = None, **static):
     """Call a batch-first ``fn(*args, **static)`` with its batch split over devices.
+
+    The batch is padded (by repeating real entries) up to :func:`bucket_size`,
+    so ``fn`` compiles once per bucket, and the padding is removed from the
+    outputs.
 
     Args:
         fn: pure function whose array arguments and outputs all have the same
@@ -91,8 +103,8 @@ def batch_call(fn, *args, num_devices: int | None = None, **static):
     nb = leaves[0].shape[0]
     ndev = max(1, min(ndev, nb))
     call = _compiled(fn, tuple(sorted(static.items())), ndev)
-    if ndev > 1 and nb % ndev:
-        args = jax.tree.map(lambda a: _pad(a, ndev), args)
-        out = call(*args)
-        return jax.tree.map(lambda a: a[:nb], out)
-    return call(*args)
+    size = bucket_size(nb, ndev)
+    if size == nb:
+        return call(*args)
+    out = call(*jax.tree.map(lambda a: _pad_to(a, size), args))
+    return jax.tree.map(lambda a: a[:nb], out)

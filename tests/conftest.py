@@ -16,8 +16,9 @@ COMPILE_CACHE = os.environ.get(
     "SPHYR_JAX_TEST_COMPILATION_CACHE",
     str(pathlib.Path.home() / ".cache" / "sphyr_jax" / "jax-tests"))
 if COMPILE_CACHE:
-    jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    from sphyr_jax.runtime import enable_compilation_cache
+
+    enable_compilation_cache(COMPILE_CACHE)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "sphyr_reference"

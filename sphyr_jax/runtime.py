@@ -1,0 +1,105 @@
+"""Process-wide JAX settings, applied only when asked for.
+
+Importing sphyr_jax never changes JAX's global configuration; programs (the
+app, the experiments, the tests, a notebook's first cell) call these once at
+start-up:
+
+* :func:`enable_x64` — float64 is required (E_min = 1e-9 makes the stiffness
+  matrix ill-conditioned far beyond float32).
+* :func:`enable_compilation_cache` — JAX's persistent compilation cache, so a
+  new process loads compiled programs from disk instead of compiling them.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import jax
+
+CACHE_ENV = "SPHYR_JAX_COMPILATION_CACHE"
+
+
+def require_x64() -> None:
+    """Raise a clear error unless JAX's float64 mode is on."""
+    if not jax.config.jax_enable_x64:
+        raise RuntimeError(
+            "sphyr_jax needs float64 (E_min = 1e-9 makes the stiffness matrix "
+            "ill-conditioned): call jax.config.update('jax_enable_x64', True) "
+            "or sphyr_jax.enable_x64() before using it."
+        )
+
+
+def enable_x64() -> None:
+    """Turn on JAX's float64 mode (call once, at program start)."""
+    jax.config.update("jax_enable_x64", True)
+
+
+def default_compilation_cache() -> str:
+    """``$SPHYR_JAX_COMPILATION_CACHE`` if set, else ``~/.cache/sphyr_jax/jax``."""
+    return os.environ.get(CACHE_ENV) or str(pathlib.Path.home() / ".cache" / "sphyr_jax" / "jax")
+
+
+def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
+    """Keep every compiled program in JAX's persistent compilation cache.
+
+    A fresh process then loads sphyr_jax's programs from disk (a fraction of a
+    second each) instead of compiling them.  Results are unaffected.
+
+    Args:
+        path: cache folder (created if missing); None: :func:`default_compilation_cache`;
+            ``""``: leave the cache off.
+
+    Returns:
+        The folder in use, or None when disabled.
+    """
+    path = default_compilation_cache() if path is None else str(path)
+    if not path:
+        return None
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    # sphyr_jax's programs are small: cache them all, however fast they compiled.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+class CompileCounter:
+    """Count XLA compilations (and their seconds) while the context is open.
+
+    Uses JAX's own monitoring events: every backend compilation reports its
+    duration, whether or not the persistent cache then serves it.
+
+    Example::
+
+        with CompileCounter() as cc:
+            sj.compliance(case, rho)
+        print(cc.count, cc.seconds)
+    """
+
+    def __init__(self):
+        self.count = 0
+        self.seconds = 0.0
+        self.cache_hits = 0
+
+    def _on_duration(self, event: str, duration: float, **_):
+        if event == BACKEND_COMPILE_EVENT:
+            self.count += 1
+            self.seconds += duration
+
+    def _on_event(self, event: str, **_):
+        if event == CACHE_HIT_EVENT:
+            self.cache_hits += 1
+
+    def __enter__(self) -> CompileCounter:
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        jax.monitoring.register_event_listener(self._on_event)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        jax.monitoring.unregister_event_duration_listener(self._on_duration)
+        jax.monitoring.unregister_event_listener(self._on_event)
