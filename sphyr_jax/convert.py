@@ -41,6 +41,30 @@ masks included (random draws come from CPython's ``random.randint`` /
 random masks then differ from the published ones; the ``full`` masks and the
 ground truths never depend on the order.
 
+3D (preliminary SPhyR-3D samples, ``N_SPhyR_3D.csv``): the same columns on a
+voxel grid (``nz`` layers of ``ny`` x ``nx`` cells, cell centres at .5, ``z``
+vertical); ``x, y, z = floor(x), floor(y), floor(z)``; static voxels on
+``z = 0`` are ``S``, other static voxels ``L``; easy/hard tokens as in 2D; the
+grid is printed layer by layer from the top (layer 0 = ``z = nz - 1``), each
+layer like a 2D grid (row 0 = ``y = ny - 1``).  The 16 subjects are the 2D
+ones with a ``_3d`` suffix (``full_easy_3d``, ...), masked from one
+``random.Random(seed)`` stream in the same order (samples, variants, easy
+before hard) with these 3D variants:
+
+* ``<n>_random_cell``: ``n`` draws with replacement of ``col = randint(0,
+  nx - 1)``, ``row = randint(0, ny - 1)``, ``layer = randint(0, nz - 1)``;
+* ``<n>_random_row``: ``sample(range((nz - 2) * ny), n)``, draw ``k`` masking
+  the ``nx`` voxels of row ``k % ny`` in layer ``1 + k // ny`` (rows of the
+  interior layers only: the load and support layers stay visible, as the
+  first and last printed rows do in 2D);
+* ``<n>_random_column``: ``sample(range(ny * nx), n)``, draw ``k`` masking the
+  vertical column of voxels at row ``k // nx``, column ``k % nx`` through
+  every layer (``L``/``S`` voxels included, like 2D columns);
+* ``full``: every voxel of layers ``1 .. nz - 2``.
+
+So a row or column masks as many cells as in 2D on a 10-wide grid.  Folders
+of ``*_SPhyR_3D.csv`` files convert with the same :func:`convert_raw_dir`.
+
 Output: ``<subject>.jsonl`` (one ``json.dumps`` record per line, grids as token
 lists, byte-compatible with the published files) or ``<subject>.json`` (a JSON
 list of records whose grids are newline/space text, like the Hugging Face
@@ -65,15 +89,17 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from sphyr_jax.datasets import DIFFICULTIES, VARIANTS, list_subjects
+from sphyr_jax.datasets import DIFFICULTIES, SUBJECT_SUFFIX_3D, VARIANTS, list_subjects
 from sphyr_jax.grids import LOAD, MASK, SUPPORT, grid_to_text
 from sphyr_jax.io import atomic_write_files
 
 RAW_SUFFIX = "_SPhyR_2D.csv"
+RAW_SUFFIX_3D = "_SPhyR_3D.csv"
 FORMATS = ("jsonl", "json")
 ORDERS = ("name", "number")
 
 _RAW_NAME = re.compile(r"(\d+)" + re.escape(RAW_SUFFIX))
+_RAW_NAME_3D = re.compile(r"(\d+)" + re.escape(RAW_SUFFIX_3D))
 _INT = re.compile(r"[+-]?\d+", re.ASCII)
 _FLOAT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 _VARIANT = re.compile(r"(\d+)_random_(cell|row|column)|full")
@@ -98,8 +124,11 @@ class ConversionError(ValueError):
 class RawSample:
     """One converted raw sample; grids are in printed orientation (row 0 = top).
 
+    3D samples hold (nz, ny, nx) arrays, layer 0 the top layer (z = nz - 1).
+
     Attributes:
-        index: the number ``N`` of ``N_SPhyR_2D.csv`` (None for other names).
+        index: the number ``N`` of ``N_SPhyR_2D.csv`` / ``N_SPhyR_3D.csv``
+            (None for other names).
         easy: (nely, nelx) object array of ``L``/``S``/``"0"``/``"1"`` tokens.
         hard: (nely, nelx) object array of ``L``/``S``/``"0.0"``..``"1.0"`` tokens.
         density: (nely, nelx) float64 raw densities (static cells included).
@@ -115,9 +144,13 @@ class RawSample:
     gravity_dir: tuple[float, float] | None = None
 
     @property
-    def shape(self) -> tuple[int, int]:
-        """(nely, nelx)."""
+    def shape(self) -> tuple[int, ...]:
+        """(nely, nelx), or (nz, ny, nx) for a 3D sample."""
         return tuple(self.easy.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.easy.ndim
 
     def grid(self, level: str) -> list[list[str]]:
         """The ground-truth token grid of a level (``"easy"`` or ``"hard"``)."""
@@ -127,8 +160,9 @@ class RawSample:
 
 
 def raw_file_number(path) -> int | None:
-    """``N`` for a file named ``N_SPhyR_2D.csv``, else None."""
-    match = _RAW_NAME.fullmatch(os.path.basename(os.fspath(path)))
+    """``N`` for a file named ``N_SPhyR_2D.csv`` or ``N_SPhyR_3D.csv``, else None."""
+    name = os.path.basename(os.fspath(path))
+    match = _RAW_NAME.fullmatch(name) or _RAW_NAME_3D.fullmatch(name)
     return int(match.group(1)) if match else None
 
 
@@ -143,7 +177,7 @@ def _split_fields(line: str) -> tuple[list[str], str | None]:
     return [f.strip() for f in head[:-1].split(",")], line[bracket:].strip()
 
 
-def _parse_line(line: str, fail) -> tuple[int, int, float, bool]:
+def _parse_line(line: str, fail, dims: int = 2) -> tuple:
     fields, neighbours = _split_fields(line)
     if len(fields) < 6:
         fail(
@@ -172,6 +206,11 @@ def _parse_line(line: str, fail) -> tuple[int, int, float, bool]:
     if static.lower() not in _BOOLS:
         fail(f"is_static must be True or False, got {static!r}")
     col, row = math.floor(values[0]), math.floor(values[1])
+    if dims == 3:
+        layer = math.floor(values[2])
+        if col < 0 or row < 0 or layer < 0:
+            fail(f"negative cell coordinate x={x}, y={y}, z={z}")
+        return col, row, layer, values[3], _BOOLS[static.lower()]
     if col < 0 or row < 0:
         fail(f"negative cell coordinate x={x}, y={y}")
     return col, row, values[3], _BOOLS[static.lower()]
@@ -259,6 +298,125 @@ def read_raw_csv(path, shape: tuple[int, int] | None = None) -> RawSample:
     return RawSample(raw_file_number(path), easy, hard, dens, path)
 
 
+_AXES_3D = ("x", "y", "z")
+
+
+def read_raw_csv_3d(path, shape: tuple[int, int, int] | None = None) -> RawSample:
+    """Read one raw 3D simulation CSV into easy and hard (nz, ny, nx) token grids.
+
+    Args:
+        path: a ``*_SPhyR_3D.csv`` file (any grid size).
+        shape: optional expected (nz, ny, nx); by default inferred from the
+            coordinates.
+
+    Returns:
+        A :class:`RawSample` with 3D arrays, layer 0 = the top layer
+        (``z = nz - 1``), row 0 = ``y = ny - 1``.
+
+    Raises:
+        ConversionError: naming the file and line, for an empty file, a short
+            line, a non-number, a non-boolean ``is_static``, a density outside
+            [0, 1] after rounding, a duplicate voxel, missing voxels, or a grid
+            of another size than ``shape``.
+        OSError: if the file cannot be read.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8-sig") as handle:
+            lines = handle.read().split("\n")
+    except UnicodeDecodeError as exc:
+        raise ConversionError(f"{path}: not UTF-8 text ({exc})", path) from exc
+
+    cells: dict[tuple[int, int, int], tuple[int, float, bool]] = {}
+    last = 0
+    for number, raw_line in enumerate(lines, start=1):
+        line = raw_line.strip()
+        if not line:
+            continue
+        last = number
+
+        def fail(message: str, number: int = number):
+            raise ConversionError(f"{path}, line {number}: {message}", path, number)
+
+        col, row, layer, density, static = _parse_line(line, fail, dims=3)
+        key = (layer, row, col)
+        if key in cells:
+            fail(f"duplicate voxel x={col}, y={row}, z={layer} (first on line {cells[key][0]})")
+        rounded = round(density, 1) + 0.0
+        if not static and not 0.0 <= rounded <= 1.0:
+            fail(f"density {density} is outside [0, 1]")
+        cells[key] = (number, density, static)
+
+    if not cells:
+        raise ConversionError(f"{path}, line 1: empty file (no cells)", path, 1)
+    dims = tuple(max(k[i] for k in cells) + 1 for i in range(3))  # (nz, ny, nx)
+    span = "x".join(str(n) for n in dims)
+    if shape is not None and dims != tuple(shape):
+        raise ConversionError(
+            f"{path}, end of file (line {last}): the coordinates span a {span} (z, y, x) "
+            f"voxel grid, expected {'x'.join(str(n) for n in shape)}", path, last)
+    missing = [k for k in np.ndindex(*dims) if k not in cells]
+    if missing:
+        z, y, x = missing[0]
+        raise ConversionError(
+            f"{path}, end of file (line {last}): {len(missing)} of {math.prod(dims)} voxels "
+            f"missing from the {span} (z, y, x) grid the coordinates span, "
+            f"first x={x}, y={y}, z={z}", path, last)
+
+    nz, ny, _ = dims
+    easy = np.empty(dims, dtype=object)
+    hard = np.empty(dims, dtype=object)
+    dens = np.empty(dims, dtype=np.float64)
+    for (layer, row, col), (_, density, static) in cells.items():
+        at = (nz - 1 - layer, ny - 1 - row, col)  # layer 0 on top, row 0 at y = ny - 1
+        dens[at] = density
+        if static:
+            easy[at] = hard[at] = SUPPORT if layer == 0 else LOAD
+        else:
+            rounded = round(density, 1) + 0.0
+            easy[at] = "1" if rounded > 0 else "0"
+            hard[at] = f"{rounded:.1f}"
+    return RawSample(raw_file_number(path), easy, hard, dens, path)
+
+
+def read_raw(path) -> RawSample:
+    """Read a 2D or 3D raw CSV, by its name (``*_SPhyR_3D.csv`` is 3D)."""
+    if os.fspath(path).endswith(RAW_SUFFIX_3D):
+        return read_raw_csv_3d(path)
+    return read_raw_csv(path)
+
+
+def mask_grid_3d(grid, variant: str, rng: random.Random) -> list:
+    """A copy of a 3D token grid (layers of rows) with one variant's voxels set to ``V``.
+
+    See the module docstring for the exact draws of each variant.
+    """
+    kind, n = _parse_variant(variant)
+    src = grid.tolist() if hasattr(grid, "tolist") else grid
+    out = [[[str(t) for t in row] for row in layer] for layer in src]
+    nz, ny, nx = len(out), len(out[0]), len(out[0][0])
+    inner = range(1, nz - 1) if nz > 2 else range(0)
+    if kind == "cell":
+        for _ in range(n):
+            col = rng.randint(0, nx - 1)
+            row = rng.randint(0, ny - 1)
+            layer = rng.randint(0, nz - 1)
+            out[layer][row][col] = MASK
+    elif kind == "row":
+        for k in rng.sample(range(len(inner) * ny), min(n, len(inner) * ny)):
+            layer, row = inner[k // ny], k % ny
+            out[layer][row] = [MASK] * nx
+    elif kind == "column":
+        for k in rng.sample(range(ny * nx), min(n, ny * nx)):
+            row, col = divmod(k, nx)
+            for layer in range(nz):
+                out[layer][row][col] = MASK
+    else:
+        for layer in inner:
+            out[layer] = [[MASK] * nx for _ in range(ny)]
+    return out
+
+
 def _parse_variant(variant: str) -> tuple[str, int]:
     match = _VARIANT.fullmatch(variant) if isinstance(variant, str) else None
     if not match:
@@ -320,30 +478,38 @@ def build_subjects(
         ``{subject: [record, ...]}`` with records ``{"index", "input_grid",
         "ground_truth"}`` (token lists) plus ``"gravity_dir"`` when the sample
         has one; subjects in :func:`sphyr_jax.datasets.list_subjects` order for
-        the default variants.
+        the default variants.  3D samples give the ``*_3d`` subjects (grids
+        as layers of token rows, masks by :func:`mask_grid_3d`).
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}")
     for variant in variants:
         _parse_variant(variant)
+    dims = {sample.ndim for sample in samples}
+    if len(dims) > 1:
+        raise ValueError("cannot mix 2D and 3D samples in one conversion")
+    dim = dims.pop() if dims else 2
+    suffix, masker = (SUBJECT_SUFFIX_3D, mask_grid_3d) if dim == 3 else ("", mask_grid)
     rng = random.Random(seed)
     subjects: dict[str, list[dict]] = {
-        f"{variant}_{level}": [] for variant in variants for level in DIFFICULTIES
+        f"{variant}_{level}{suffix}": [] for variant in variants for level in DIFFICULTIES
     }
     for position, sample in enumerate(samples):
         truths = {level: sample.grid(level) for level in DIFFICULTIES}
         for variant in variants:
             for level in DIFFICULTIES:
+                truth = truths[level]
                 record = {
                     "index": position,
-                    "input_grid": mask_grid(truths[level], variant, rng),
-                    "ground_truth": [list(row) for row in truths[level]],
+                    "input_grid": masker(truth, variant, rng),
+                    "ground_truth": ([[list(r) for r in layer] for layer in truth] if dim == 3
+                                     else [list(row) for row in truth]),
                 }
                 if sample.gravity_dir is not None:
                     record["gravity_dir"] = [_plain(v) for v in sample.gravity_dir]
-                subjects[f"{variant}_{level}"].append(record)
+                subjects[f"{variant}_{level}{suffix}"].append(record)
     if tuple(variants) == VARIANTS:
-        subjects = {name: subjects[name] for name in list_subjects()}
+        subjects = {name: subjects[name] for name in list_subjects(dim)}
     return subjects
 
 
@@ -431,51 +597,66 @@ def commit_files(texts, directory) -> None:
         raise
 
 
-def list_raw_files(raw_dir, order: str = "name") -> list[pathlib.Path]:
-    """The ``N_SPhyR_2D.csv`` files of a folder in conversion order.
+def list_raw_files(raw_dir, order: str = "name", dim: int | None = None) -> list[pathlib.Path]:
+    """The ``N_SPhyR_2D.csv`` (or ``N_SPhyR_3D.csv``) files of a folder in conversion order.
 
     Args:
         raw_dir: folder of raw CSVs (not searched recursively).
         order: ``"name"`` — plain string order of file names, as the published
             files were made — or ``"number"`` — by ``N``.  Either way the
             result does not depend on the directory listing order.
+        dim: 2 or 3; None takes the 2D files, or the 3D ones if the folder
+            holds no 2D file.
 
     Raises:
         ConversionError: if the folder is missing, holds no raw CSVs, or holds a
-            ``*_SPhyR_2D.csv`` file whose prefix is not a number.
+            raw CSV whose prefix is not a number.
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if dim not in (None, 2, 3):
+        raise ValueError(f"dim must be 2, 3 or None, got {dim!r}")
     folder = pathlib.Path(raw_dir)
     if not folder.is_dir():
         raise ConversionError(f"{folder}: not a folder of raw CSVs", folder)
-    files = [p for p in folder.iterdir() if p.name.endswith(RAW_SUFFIX) and p.is_file()]
+    entries = [p for p in folder.iterdir() if p.is_file()]
+    suffix = RAW_SUFFIX_3D if dim == 3 else RAW_SUFFIX
+    files = [p for p in entries if p.name.endswith(suffix)]
+    if dim is None and not files:
+        files_3d = [p for p in entries if p.name.endswith(RAW_SUFFIX_3D)]
+        if files_3d:
+            files, suffix = files_3d, RAW_SUFFIX_3D
     for path in files:
         if raw_file_number(path) is None:
-            raise ConversionError(f"{path}: raw file names must be <number>{RAW_SUFFIX}", path)
+            raise ConversionError(f"{path}: raw file names must be <number>{suffix}", path)
     if not files:
-        raise ConversionError(f"{folder}: no *{RAW_SUFFIX} files", folder)
+        raise ConversionError(f"{folder}: no *{suffix} files", folder)
     if order == "name":
         return sorted(files, key=lambda p: p.name)
     return sorted(files, key=lambda p: (raw_file_number(p), p.name))
 
 
 def convert_raw_dir(
-    raw_dir, output_dir, seed: int = 42, fmt: str = "jsonl", order: str = "name"
+    raw_dir, output_dir, seed: int = 42, fmt: str = "jsonl", order: str = "name",
+    dim: int | None = None,
 ) -> dict[str, int]:
     """Convert a folder of raw CSVs into the 16 subject files.
+
+    A folder of ``N_SPhyR_3D.csv`` files (and no 2D ones, or ``dim=3``) gives
+    the 16 ``*_3d`` subjects.
 
     Every file is read and validated and every output rendered before anything
     is written; the 16 files then replace any previous ones together, so on any
     error the output folder is left exactly as it was.
 
     Args:
-        raw_dir: folder of ``N_SPhyR_2D.csv`` files.
+        raw_dir: folder of ``N_SPhyR_2D.csv`` (or ``N_SPhyR_3D.csv``) files.
         output_dir: folder for ``<subject>.jsonl`` / ``<subject>.json``.
         seed: mask seed (42 = the published one).
         fmt: ``"jsonl"`` (token lists) or ``"json"`` (text grids).
         order: sample order, ``"name"`` (published) or ``"number"``; see
             :func:`list_raw_files`.
+        dim: 2, 3 or None (see :func:`list_raw_files`).
 
     Returns:
         ``{subject: number of records}`` for the 16 subjects.
@@ -488,5 +669,5 @@ def convert_raw_dir(
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
-    samples = [read_raw_csv(path) for path in list_raw_files(raw_dir, order)]
+    samples = [read_raw(path) for path in list_raw_files(raw_dir, order, dim)]
     return write_subjects(build_subjects(samples, seed), output_dir, fmt)

@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Iterable
 from typing import Any
 
-from sphyr_jax.grids import InvalidProblemError, as_grid, check_rectangular
+from sphyr_jax.grids import InvalidProblemError, as_grid, check_rectangular, grid_ndim
 from sphyr_jax.io import CorruptFileError, read_json, read_jsonl_numbered
 
 VARIANTS = (
@@ -50,6 +50,7 @@ VARIANTS = (
     "full",
 )
 DIFFICULTIES = ("easy", "hard")
+SUBJECT_SUFFIX_3D = "_3d"
 HUB_ID = "philippds/SPhyR"
 HUB_SPLIT = "test"
 
@@ -63,9 +64,21 @@ class DatasetError(ValueError):
     """A subject that cannot be found or whose records are malformed."""
 
 
-def list_subjects() -> list[str]:
-    """The 16 SPhyR subjects, variant by variant, ``easy`` before ``hard``."""
-    return [f"{variant}_{level}" for variant in VARIANTS for level in DIFFICULTIES]
+def list_subjects(dim: int = 2) -> list[str]:
+    """The 16 SPhyR subjects, variant by variant, ``easy`` before ``hard``.
+
+    ``dim=3`` gives the 16 voxel subjects, the same names with a ``_3d``
+    suffix (``full_easy_3d``, ...).
+    """
+    if dim not in (2, 3):
+        raise ValueError(f"dim must be 2 or 3, got {dim!r}")
+    suffix = SUBJECT_SUFFIX_3D if dim == 3 else ""
+    return [f"{variant}_{level}{suffix}" for variant in VARIANTS for level in DIFFICULTIES]
+
+
+def subject_ndim(subject: str) -> int:
+    """3 for a ``*_3d`` subject name, else 2."""
+    return 3 if isinstance(subject, str) and subject.endswith(SUBJECT_SUFFIX_3D) else 2
 
 
 def is_hard(subject: str) -> bool:
@@ -75,24 +88,29 @@ def is_hard(subject: str) -> bool:
         DatasetError: if the name does not end in ``_easy`` or ``_hard``.
     """
     if isinstance(subject, str):
+        if subject.endswith(SUBJECT_SUFFIX_3D):
+            subject = subject[: -len(SUBJECT_SUFFIX_3D)]
         if subject.endswith("_hard"):
             return True
         if subject.endswith("_easy"):
             return False
-    raise DatasetError(f"not a subject name (expected <variant>_easy|_hard): {subject!r}")
+    raise DatasetError(
+        f"not a subject name (expected <variant>_easy|_hard[_3d]): {subject!r}")
 
 
-def _gravity(value, where: str) -> list:
+def _gravity(value, where: str, ndim: int = 2) -> list:
     if (
         not isinstance(value, (list, tuple))
-        or len(value) != 2
+        or len(value) != ndim
         or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
     ):
-        raise DatasetError(f"{where}: gravity_dir must be a [row, col] pair, got {value!r}")
+        what = "a [row, col] pair" if ndim == 2 else "a [layer, row, col] triple"
+        raise DatasetError(f"{where}: gravity_dir must be {what}, got {value!r}")
     return [int(v) if float(v).is_integer() else float(v) for v in value]
 
 
-def normalise_record(record: Any, where: str, position: int = 0) -> dict:
+def normalise_record(record: Any, where: str, position: int = 0,
+                     ndim: int | None = None) -> dict:
     """Validate one record and bring its grids to token lists.
 
     Args:
@@ -100,6 +118,9 @@ def normalise_record(record: Any, where: str, position: int = 0) -> dict:
             token lists) and usually ``index``.
         where: file/line description used in error messages.
         position: fallback ``index`` when the record has none.
+        ndim: 2 or 3 (3D grids: layers of rows; in text, layers separated by
+            a blank line); None reads nested lists three deep as 3D and
+            anything else as 2D.
 
     Returns:
         ``{"index", "input_grid", "ground_truth"}`` plus ``"gravity_dir"`` when
@@ -123,31 +144,33 @@ def normalise_record(record: Any, where: str, position: int = 0) -> dict:
             raise DatasetError(f"{where}: index must be an integer, got {index!r}")
     out["index"] = index
     shapes = []
+    if ndim is None and record.get("ground_truth") is not None:
+        ndim = grid_ndim(record["ground_truth"])
     for key in ("input_grid", "ground_truth"):
         if record.get(key) is None:
             raise DatasetError(f"{where}: record has no {key!r}")
         try:
-            grid = as_grid(record[key])
+            grid = as_grid(record[key], ndim)
             shapes.append(check_rectangular(grid, key))
         except InvalidProblemError as exc:
             raise DatasetError(f"{where}: bad {key}: {exc}") from exc
         out[key] = grid
     if shapes[0] != shapes[1]:
         raise DatasetError(
-            f"{where}: input_grid is {shapes[0][0]}x{shapes[0][1]} but ground_truth is "
-            f"{shapes[1][0]}x{shapes[1][1]}"
+            f"{where}: input_grid is {'x'.join(map(str, shapes[0]))} but ground_truth is "
+            f"{'x'.join(map(str, shapes[1]))}"
         )
     if record.get("gravity_dir") is not None:
-        out["gravity_dir"] = _gravity(record["gravity_dir"], where)
+        out["gravity_dir"] = _gravity(record["gravity_dir"], where, len(shapes[1]))
     return out
 
 
-def _normalise_all(rows: Iterable, where: str, per_line: bool) -> list[dict]:
+def _normalise_all(rows: Iterable, where: str, per_line: bool, ndim=None) -> list[dict]:
     records = []
     for position, row in enumerate(rows):
         label = f"{where}, line {row[0]}" if per_line else f"{where}, record {position}"
         record = row[1] if per_line else row
-        records.append(normalise_record(record, label, position))
+        records.append(normalise_record(record, label, position, ndim))
     return records
 
 
@@ -159,23 +182,23 @@ def _jsonl_rows(path: pathlib.Path) -> list[tuple[int, Any]]:
         raise DatasetError(str(exc)) from exc
 
 
-def _load_text_file(path: pathlib.Path) -> list[dict]:
+def _load_text_file(path: pathlib.Path, ndim=None) -> list[dict]:
     """Records of a ``.jsonl`` file, or of a ``.json`` list / JSON-lines file."""
     if path.suffix == ".jsonl":
-        return _normalise_all(_jsonl_rows(path), str(path), per_line=True)
+        return _normalise_all(_jsonl_rows(path), str(path), per_line=True, ndim=ndim)
     try:
         data = read_json(path)
     except CorruptFileError as exc:
         # A .json file may hold JSON lines: the first value parses, then "Extra data".
         cause = exc.__cause__
         if isinstance(cause, json.JSONDecodeError) and cause.msg == "Extra data":
-            return _normalise_all(_jsonl_rows(path), str(path), per_line=True)
+            return _normalise_all(_jsonl_rows(path), str(path), per_line=True, ndim=ndim)
         raise DatasetError(str(exc)) from exc
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list):
         raise DatasetError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
-    return _normalise_all(data, str(path), per_line=False)
+    return _normalise_all(data, str(path), per_line=False, ndim=ndim)
 
 
 def _hf():
@@ -206,11 +229,12 @@ def _pick_split(dataset_dict, split: str | None, where: str):
     raise DatasetError(f"{where}: several splits {names}; pass split=")
 
 
-def _rows_of(dataset, where: str) -> list[dict]:
-    return _normalise_all(dataset, where, per_line=False)
+def _rows_of(dataset, where: str, ndim=None) -> list[dict]:
+    return _normalise_all(dataset, where, per_line=False, ndim=ndim)
 
 
-def _load_saved(folder: pathlib.Path, split: str | None, subject: str | None) -> list[dict]:
+def _load_saved(folder: pathlib.Path, split: str | None, subject: str | None,
+                ndim=None) -> list[dict]:
     """A ``save_to_disk`` folder; ``subject`` selects a split named after it."""
     hf = _hf()
     loaded = hf.load_from_disk(str(folder))
@@ -221,31 +245,32 @@ def _load_saved(folder: pathlib.Path, split: str | None, subject: str | None) ->
             loaded = loaded[subject]
         else:
             loaded = _pick_split(loaded, split, str(folder))
-    return _rows_of(loaded, str(folder))
+    return _rows_of(loaded, str(folder), ndim)
 
 
-def _read_table(path: pathlib.Path) -> list[dict]:
+def _read_table(path: pathlib.Path, ndim=None) -> list[dict]:
     """Records of one parquet / arrow file, read through ``datasets``."""
     hf = _hf()
     try:
         if path.suffix == ".arrow":
-            return _rows_of(hf.Dataset.from_file(str(path), in_memory=True), str(path))
+            return _rows_of(hf.Dataset.from_file(str(path), in_memory=True), str(path), ndim)
         # A throw-away cache: nothing lands in the user's Hugging Face cache.
         with tempfile.TemporaryDirectory(prefix="sphyr_parquet_") as cache:
             dataset = hf.Dataset.from_parquet(str(path), keep_in_memory=True, cache_dir=cache)
-            return _rows_of(dataset, str(path))
+            return _rows_of(dataset, str(path), ndim)
     except DatasetError:
         raise
     except Exception as exc:  # pyarrow / datasets raise many types for unreadable files
         raise DatasetError(f"{path}: cannot read data file: {exc}") from exc
 
 
-def _load_data_files(files: list[pathlib.Path]) -> list[dict]:
+def _load_data_files(files: list[pathlib.Path], ndim=None) -> list[dict]:
     """Records of several data files, in the given order."""
     records: list[dict] = []
     for path in files:
         records.extend(
-            _load_text_file(path) if path.suffix in _TEXT_SUFFIXES else _read_table(path)
+            _load_text_file(path, ndim) if path.suffix in _TEXT_SUFFIXES
+            else _read_table(path, ndim)
         )
     return records
 
@@ -264,31 +289,32 @@ def _data_files_in(folder: pathlib.Path, split: str | None) -> list[pathlib.Path
     return files
 
 
-def _load_local(root: pathlib.Path, subject: str, split: str | None) -> list[dict]:
+def _load_local(root: pathlib.Path, subject: str, split: str | None,
+                ndim=None) -> list[dict]:
     if root.is_file():
         if root.suffix in _TEXT_SUFFIXES:
-            return _load_text_file(root)
+            return _load_text_file(root, ndim)
         if root.suffix in _TABLE_SUFFIXES:
-            return _read_table(root)
+            return _read_table(root, ndim)
         raise DatasetError(f"{root}: unsupported data file (want .jsonl/.json/.parquet/.arrow)")
     for suffix in _TEXT_SUFFIXES:
         candidate = root / f"{subject}{suffix}"
         if candidate.is_file():
-            return _load_text_file(candidate)
+            return _load_text_file(candidate, ndim)
     for suffix in _TABLE_SUFFIXES:
         candidate = root / f"{subject}{suffix}"
         if candidate.is_file():
-            return _read_table(candidate)
+            return _read_table(candidate, ndim)
     folder = root / subject
     if folder.is_dir():
         if _is_saved_dataset(folder):
-            return _load_saved(folder, split, None)
+            return _load_saved(folder, split, None, ndim)
         files = _data_files_in(folder, split)
         if files:
-            return _load_data_files(files)
+            return _load_data_files(files, ndim)
         raise DatasetError(f"{folder}: no data files for subject {subject!r}")
     if (root / "dataset_dict.json").is_file():
-        return _load_saved(root, split, subject)
+        return _load_saved(root, split, subject, ndim)
     raise DatasetError(
         f"subject {subject!r} not found in {root} (looked for {subject}.jsonl, {subject}.json, "
         f"{subject}.parquet, {subject}.arrow and a {subject}/ folder)"
@@ -302,14 +328,14 @@ def _hub_repo(source: str) -> str | None:
     return source if source == HUB_ID else None
 
 
-def _load_hub(repo: str, subject: str, split: str | None) -> list[dict]:
+def _load_hub(repo: str, subject: str, split: str | None, ndim=None) -> list[dict]:
     if not _REPO_ID.fullmatch(repo):
         raise DatasetError(f"not a Hugging Face dataset id: {repo!r}")
     hf = _hf()
     dataset = hf.load_dataset(repo, subject, split=split or HUB_SPLIT)
     if hasattr(dataset, "keys"):  # a DatasetDict despite split=
         dataset = _pick_split(dataset, None, f"{repo}/{subject}")
-    return _rows_of(dataset, f"{repo} ({subject})")
+    return _rows_of(dataset, f"{repo} ({subject})", ndim)
 
 
 def load_subject(
@@ -324,7 +350,9 @@ def load_subject(
         source: a local folder or data file, or a hub dataset
             (``"philippds/SPhyR"`` or ``"hf://owner/name"``); see the module
             docstring for the layouts understood.
-        subject: e.g. ``"full_easy"`` (ignored when ``source`` is a single file).
+        subject: e.g. ``"full_easy"`` (ignored when ``source`` is a single
+            file, except that a ``*_3d`` name reads text grids as 3D: layers
+            separated by blank lines).
         split: split to read from Hugging Face sources.  None means the only
             split, else ``"test"`` (the published copy's single split), else
             ``"train"``.  Plain ``.jsonl`` / ``.json`` files have no splits.
@@ -342,6 +370,7 @@ def load_subject(
         raise ValueError(f"limit must be a non-negative integer or None, got {limit!r}")
     if not isinstance(subject, str) or not subject:
         raise DatasetError(f"subject must be a non-empty string, got {subject!r}")
+    ndim = 3 if subject_ndim(subject) == 3 else None
     if isinstance(source, str) and not os.path.exists(source):
         repo = _hub_repo(source)
         if repo is None:
@@ -349,10 +378,10 @@ def load_subject(
                 f"no such local dataset: {source!r} (hub datasets are written "
                 f"{HUB_ID!r} or 'hf://owner/name')"
             )
-        records = _load_hub(repo, subject, split)
+        records = _load_hub(repo, subject, split, ndim)
     else:
         root = pathlib.Path(source)
         if not root.exists():
             raise DatasetError(f"no such local dataset: {os.fspath(source)!r}")
-        records = _load_local(root, subject, split)
+        records = _load_local(root, subject, split, ndim)
     return records if limit is None else records[:limit]

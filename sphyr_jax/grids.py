@@ -7,6 +7,10 @@ cells separated by spaces) or as lists of token lists; model completions are
 raw text with code fences, prose and the occasional malformed row.
 
 Conventions: row 0 is the first printed row (the top of the structure).
+A 3D grid is a list of layers, layer 0 the top one (z = nz - 1) down to the
+support layer (z = 0); each layer is a 2D grid (row 0 at y = ny - 1); in text,
+layers are separated by one blank line.  Functions taking text accept
+``ndim=3`` to read it as layers; nested lists three deep are recognised as 3D.
 Numbers are ASCII decimal literals only (``0``, ``0.5``, ``1e-3``); anything
 else in a cell (``nan``, ``inf``, full-width digits, words) is unparsable.
 """
@@ -143,7 +147,7 @@ def _is_rectangular(grid: Grid) -> bool:
     return bool(grid) and bool(grid[0]) and all(len(r) == len(grid[0]) for r in grid)
 
 
-def extract_grid(text) -> Grid | None:
+def extract_grid(text, ndim: int = 2) -> Grid | None:
     """Find the grid inside raw model output.
 
     Handles code fences (with or without a language tag, even mid-line), prose
@@ -154,14 +158,24 @@ def extract_grid(text) -> Grid | None:
     rectangular the last grid-like block is returned as it is, so callers can
     report its wrong shape.
 
+    With ``ndim=3`` the text is read as a 3D grid: layers of rows separated by
+    blank lines (a short heading line such as ``Layer 2:`` may stand between
+    layers); nested lists must then be three deep.  Among several 3D blocks
+    the last whose layers are all rectangular and of one shape wins.
+
     Args:
         text: model output, or a grid already given as a list of token lists
             (or a list of row strings), which is passed through.
+        ndim: 2 (default) or 3.
 
     Returns:
-        The grid as a list of token rows (strings), or None if nothing
-        grid-like was found.
+        The grid as a list of token rows (strings) — for ``ndim=3`` a list of
+        layers of token rows — or None if nothing grid-like was found.
     """
+    if ndim == 3:
+        return _extract_grid_3d(text)
+    if ndim != 2:
+        raise ValueError(f"ndim must be 2 or 3, got {ndim!r}")
     if isinstance(text, (list, tuple)):
         return _from_nested(text)
     if not isinstance(text, str):
@@ -186,20 +200,32 @@ def extract_grid(text) -> Grid | None:
     return candidates[-1]
 
 
-def as_grid(grid) -> Grid:
+def as_grid(grid, ndim: int | None = None) -> Grid:
     """Normalise text or token lists into a list of token rows (strings).
+
+    Args:
+        grid: text or nested token lists.
+        ndim: 2 or 3; None reads nested lists three deep as 3D and
+            everything else as 2D.
 
     Raises:
         InvalidProblemError: if nothing grid-like can be read.
     """
-    result = extract_grid(grid)
+    if ndim is None:
+        ndim = grid_ndim(grid)
+    result = extract_grid(grid, ndim)
     if result is None:
         raise InvalidProblemError("no grid found in the input")
     return result
 
 
-def check_rectangular(grid: Grid, what: str = "grid") -> tuple[int, int]:
-    """Shape of a token grid; raises InvalidProblemError if empty or ragged."""
+def check_rectangular(grid: Grid, what: str = "grid") -> tuple[int, ...]:
+    """Shape of a token grid; raises InvalidProblemError if empty or ragged.
+
+    A 3D grid (layers of rows) gives (nz, ny, nx).
+    """
+    if grid_ndim(grid) == 3:
+        return _check_3d(grid, what)
     if not grid or not isinstance(grid, (list, tuple)):
         raise InvalidProblemError(f"{what} is empty")
     width = len(grid[0])
@@ -213,7 +239,9 @@ def check_rectangular(grid: Grid, what: str = "grid") -> tuple[int, int]:
     return len(grid), width
 
 
-def densities_from_grid(grid, mask_density: float = 0.0) -> tuple[np.ndarray, GridReport]:
+def densities_from_grid(
+    grid, mask_density: float = 0.0, ndim: int | None = None
+) -> tuple[np.ndarray, GridReport]:
     """Convert a grid into a float64 density field plus a bookkeeping report.
 
     ``L`` and ``S`` are solid (1); numbers are clipped to [0, 1]; ``V`` cells
@@ -221,16 +249,24 @@ def densities_from_grid(grid, mask_density: float = 0.0) -> tuple[np.ndarray, Gr
     ``mask_density`` and is counted as unparsable.
 
     Args:
-        grid: text or token lists.
+        grid: text or token lists (layers of rows in 3D).
         mask_density: density given to masked and unparsable cells.
+        ndim: 2 or 3 for text; None: 3 for nested lists three deep, else 2.
 
     Returns:
-        (densities of shape (nely, nelx), GridReport).
+        (densities of shape (nely, nelx) — (nz, ny, nx) for a 3D grid —,
+        GridReport).
 
     Raises:
         InvalidProblemError: for an empty or ragged grid.
     """
-    grid = as_grid(grid)
+    grid = as_grid(grid, ndim)
+    if grid_ndim(grid) == 3:
+        _check_3d(grid, "grid")
+        layers = [densities_from_grid(layer, mask_density) for layer in grid]
+        return np.stack([d for d, _ in layers]), GridReport(
+            unfilled_cells=sum(r.unfilled_cells for _, r in layers),
+            unparsable_cells=sum(r.unparsable_cells for _, r in layers))
     nely, nelx = check_rectangular(grid)
     out = np.zeros((nely, nelx), dtype=np.float64)
     unfilled = unparsable = 0
@@ -253,14 +289,21 @@ def densities_from_grid(grid, mask_density: float = 0.0) -> tuple[np.ndarray, Gr
 
 
 def token_masks(grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Boolean (load, support, masked) arrays of a rectangular token grid."""
+    """Boolean (load, support, masked) arrays of a rectangular token grid (2D or 3D)."""
+    if grid_ndim(grid) == 3:
+        shape = _check_3d(grid, "grid")
+        arr = np.array([[[str(t).strip() for t in row] for row in layer] for layer in grid],
+                       dtype=object).reshape(shape)
+        return arr == LOAD, arr == SUPPORT, arr == MASK
     nely, nelx = check_rectangular(grid)
     arr = np.array([[str(t).strip() for t in row] for row in grid], dtype=object)
     return arr == LOAD, arr == SUPPORT, arr == MASK
 
 
 def grid_to_text(grid) -> str:
-    """Rows on lines, cells separated by single spaces."""
+    """Rows on lines, cells separated by single spaces; 3D layers separated by a blank line."""
+    if grid_ndim(grid) == 3:
+        return "\n\n".join(grid_to_text(layer) for layer in grid)
     if isinstance(grid, np.ndarray) and grid.dtype.kind == "f":
         grid = [[f"{v:g}" for v in row] for row in grid]
     return "\n".join(" ".join(str(t) for t in row) for row in grid)
@@ -270,7 +313,10 @@ def format_design(densities: np.ndarray, structural_grid: Grid, hard: bool) -> G
     """Tokens of a density field in a subject's format, keeping L/S from a grid.
 
     Easy subjects use ``0``/``1`` (threshold 0.5); hard ones one decimal.
+    A 3D density field (nz, ny, nx) with a 3D grid gives a list of layers.
     """
+    if np.ndim(densities) == 3:
+        return [format_design(d, g, hard) for d, g in zip(densities, structural_grid, strict=True)]
     out = []
     for r, row in enumerate(np.asarray(densities, dtype=float)):
         tokens = []
@@ -284,3 +330,119 @@ def format_design(densities: np.ndarray, structural_grid: Grid, hard: bool) -> G
                 tokens.append("1" if v >= 0.5 else "0")
         out.append(tokens)
     return out
+
+
+# ----------------------------------------------------------------------------
+# 3D grids: layers of rows.
+
+_LAYER_HEADING = re.compile(
+    r"^\W*(layer|level|slice|plane|z)\b[^\n]{0,40}$", re.IGNORECASE | re.ASCII)
+
+
+def grid_ndim(grid) -> int:
+    """3 for nested lists (or arrays) three deep, else 2.
+
+    Text, and layers given as lists of row strings, are 2D unless a caller
+    asks for ``ndim=3``.
+    """
+    if isinstance(grid, np.ndarray):
+        return 3 if grid.ndim == 3 else 2
+    if isinstance(grid, (list, tuple)) and grid and isinstance(grid[0], (list, tuple)):
+        first = grid[0]
+        if first and isinstance(first[0], (list, tuple, np.ndarray)):
+            return 3
+    if isinstance(grid, (list, tuple)) and grid and isinstance(grid[0], np.ndarray):
+        return 3 if grid[0].ndim == 2 else 2
+    return 2
+
+
+def _check_3d(grid, what: str) -> tuple[int, int, int]:
+    if not grid:
+        raise InvalidProblemError(f"{what} is empty")
+    shape = None
+    for z, layer in enumerate(grid):
+        if not isinstance(layer, (list, tuple, np.ndarray)) or len(layer) == 0:
+            raise InvalidProblemError(f"{what}: layer {z} is empty")
+        try:
+            layer_shape = check_rectangular(
+                [list(r) if not isinstance(r, str) else [r] for r in layer], f"{what} layer {z}")
+        except InvalidProblemError:
+            raise
+        if shape is None:
+            shape = layer_shape
+        elif layer_shape != shape:
+            raise InvalidProblemError(
+                f"{what} is ragged: layer {z} is {layer_shape[0]}x{layer_shape[1]}, "
+                f"expected {shape[0]}x{shape[1]}")
+    return (len(grid),) + shape
+
+
+def _from_nested_3d(value) -> Grid | None:
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    layers = []
+    for layer in value:
+        if isinstance(layer, str):
+            layer = [line for line in layer.split("\n") if line.strip()]
+        grid = _from_nested(layer)
+        if grid is None:
+            return None
+        layers.append(grid)
+    return layers
+
+
+def _layers_rectangular(grid) -> bool:
+    if not grid or not all(_is_rectangular(layer) for layer in grid):
+        return False
+    shape = (len(grid[0]), len(grid[0][0]))
+    return all((len(layer), len(layer[0])) == shape for layer in grid)
+
+
+def _candidates_3d(text: str) -> list[Grid]:
+    """3D blocks: runs of blank-line-separated layers, split by prose."""
+    found: list[Grid] = []
+    for segment in _FENCE.split(text):
+        layers: list[list[list[str]]] = []
+        current: list[list[str]] = []
+        for line in segment.split("\n"):
+            stripped = line.strip()
+            tokens = _split_row(line) if stripped else []
+            if stripped and _is_grid_line(tokens):
+                current.append(tokens)
+                continue
+            if current:
+                layers.append(current)
+                current = []
+            if stripped and not _LAYER_HEADING.match(stripped):
+                if layers:
+                    found.append(layers)
+                layers = []
+        if current:
+            layers.append(current)
+        if layers:
+            found.append(layers)
+    return found
+
+
+def _extract_grid_3d(text) -> Grid | None:
+    if isinstance(text, (list, tuple)):
+        return _from_nested_3d(text)
+    if not isinstance(text, str):
+        return None
+    text = _normalise_text(text)
+    stripped = text.strip()
+    if stripped.startswith("["):
+        for loads in (json.loads, ast.literal_eval):
+            try:
+                nested = _from_nested_3d(loads(stripped))
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                nested = None
+            if nested is not None:
+                return nested
+    candidates = _candidates_3d(text)
+    if not candidates:
+        return None
+    for grid in reversed(candidates):
+        if _layers_rectangular(grid):
+            return grid
+    return candidates[-1]

@@ -1,0 +1,155 @@
+"""Batched 3D (H8 voxel) compliance throughput: multigrid-preconditioned CG vs SciPy.
+
+Solves the converted SPhyR-3D answers (easy and hard ground truths of
+``../shared/sphyr_reference/raw_data_3d``, else of the embedded
+``data/dataset_3d/raw``, else random 0/1 voxel designs), tiled to each batch
+size, with one compiled :func:`sphyr_jax.multigrid.compliance` call per batch
+on the local default device; reports the median of warm repetitions (compile
+time separately) next to an assembly + ``scipy.sparse.linalg.spsolve`` of the
+same systems (prebuilt COO indices -> CSC, the free-DOF block, one sample at a
+time).  SciPy is timed on up to ``--scipy_samples`` distinct samples per run
+and its per-solve time applied to the batch (it has no batching).  Both give
+the same compliances (maximum relative difference printed and checked).
+
+Usage::
+
+    python benchmarks/fea3d_throughput.py [--batches 1,16,64] [--repeats 5] [--tol 1e-10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.sparse
+import scipy.sparse.linalg
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import sphyr_jax  # noqa: E402
+from sphyr_jax import multigrid, structured  # noqa: E402
+from sphyr_jax.convert import list_raw_files, read_raw_csv_3d  # noqa: E402
+from sphyr_jax.grids import densities_from_grid  # noqa: E402
+from sphyr_jax.loadcase import load_case_from_grid  # noqa: E402
+
+SHARED_RAW = REPO.parent / "shared" / "sphyr_reference" / "raw_data_3d"
+EMBEDDED_RAW = REPO / "data" / "dataset_3d" / "raw"
+AGREEMENT_RTOL = 1e-8
+
+
+def problems(seed: int = 0):
+    """(moduli (10,10,10,N), force (n,N), free (n,N), source description)."""
+    for folder in (SHARED_RAW, EMBEDDED_RAW):
+        if folder.is_dir() and any(folder.glob("*_SPhyR_3D.csv")):
+            samples = [read_raw_csv_3d(p) for p in list_raw_files(folder, dim=3)]
+            grids = [s.grid(level) for s in samples for level in ("easy", "hard")]
+            source = f"{len(grids)} converted answers of {folder.name}/"
+            break
+    else:
+        rng = np.random.default_rng(seed)
+        grids = []
+        for _ in range(16):
+            g = np.where(rng.random((10, 10, 10)) < 0.6, "1", "0").astype(object)
+            g[0, 3:7, 3:7] = "L"
+            g[-1, 1:9, 1:9] = "S"
+            grids.append(g.tolist())
+        source = "16 random 0/1 voxel designs"
+    cases = [load_case_from_grid(g) for g in grids]
+    rho = np.stack([densities_from_grid(g)[0] for g in grids], -1)
+    moduli = np.asarray(sphyr_jax.simp_moduli(jnp.asarray(rho)))
+    force = np.stack([c.force for c in cases], -1)
+    free = np.stack([c.free_dofs for c in cases], -1).astype(np.float64)
+    return moduli, force, free, source
+
+
+def scipy_compliance(moduli, force, free):
+    """Assemble + spsolve one sample; returns (compliance, seconds)."""
+    grid = structured.get_grid(moduli.shape)
+    edofs = structured.element_dofs(grid)
+    ke = grid.element.ke
+    rows = np.repeat(edofs, 24, axis=1).ravel()
+    cols = np.tile(edofs, 24).ravel()
+    fr = np.flatnonzero(free > 0)
+    t0 = time.perf_counter()
+    vals = (moduli.reshape(-1)[:, None, None] * ke[None]).ravel()
+    k = scipy.sparse.coo_matrix((vals, (rows, cols)), shape=(grid.n_dofs,) * 2).tocsc()
+    u = scipy.sparse.linalg.spsolve(k[fr][:, fr], force[fr])
+    c = float(force[fr] @ u)
+    return c, time.perf_counter() - t0
+
+
+def tile(a, batch):
+    reps = -(-batch // a.shape[-1])
+    return np.concatenate([a] * reps, axis=-1)[..., :batch]
+
+
+def run(batches=(1, 16, 64), repeats=5, tol=1e-10, scipy_samples=8, **mg_options):
+    """Print and return the table; ``mg_options`` go to :class:`MGOptions`."""
+    sphyr_jax.enable_x64()
+    moduli, force, free, source = problems()
+    options = multigrid.MGOptions(tol=tol, **mg_options)
+    n = moduli.shape[-1]
+    ref, t_scipy = [], []
+    for i in range(min(scipy_samples, n)):
+        c, dt = scipy_compliance(moduli[..., i], force[:, i], free[:, i])
+        ref.append(c)
+        t_scipy.append(dt)
+    per_scipy = statistics.median(t_scipy)
+    print(f"device {jax.devices()[0].device_kind}, {source}; {options}; SciPy "
+          f"{per_scipy * 1e3:.0f} ms per assemble + spsolve (median of {len(t_scipy)})")
+    print(f"{'batch':>6} {'compile s':>10} {'MG-CG solves/s':>15} {'iters (med/max)':>16} "
+          f"{'SciPy solves/s':>15} {'speed-up':>9} {'max rel diff':>13}")
+    rows = []
+    for batch in batches:
+        args = [jnp.asarray(tile(a, batch)) for a in (moduli, force, free)]
+        t0 = time.perf_counter()
+        c, conv, its = multigrid.compliance(*args, options=options)
+        c.block_until_ready()
+        compile_s = time.perf_counter() - t0
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            c, conv, its = multigrid.compliance(*args, options=options)
+            c.block_until_ready()
+            times.append(time.perf_counter() - t0)
+        rate = batch / statistics.median(times)
+        c = np.asarray(c)
+        k = min(batch, len(ref))
+        diff = float(np.max(np.abs(c[:k] / np.asarray(tile(np.array(ref), batch)[:k]) - 1)))
+        if diff > AGREEMENT_RTOL or not bool(np.all(conv)):
+            raise SystemExit(f"disagreement with SciPy: {diff:.2e}, converged {np.asarray(conv)}")
+        its = np.asarray(its)
+        row = (batch, compile_s, rate, int(np.median(its)), int(its.max()), 1 / per_scipy,
+               rate * per_scipy, diff)
+        rows.append(row)
+        print(f"{row[0]:>6} {row[1]:>10.1f} {row[2]:>15.1f} {row[3]:>8}/{row[4]:<7} "
+              f"{row[5]:>15.2f} {row[6]:>8.1f}x {row[7]:>13.1e}")
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tol", type=float, default=1e-10)
+    parser.add_argument("--scipy_samples", type=int, default=8)
+    parser.add_argument("--smooth", type=int, default=multigrid.MGOptions.smooth)
+    parser.add_argument("--omega", type=float, default=multigrid.MGOptions.omega)
+    parser.add_argument("--max_coarse_dofs", type=int,
+                        default=multigrid.MGOptions.max_coarse_dofs)
+    args = parser.parse_args()
+    run(tuple(int(b) for b in args.batches.split(",")), args.repeats, args.tol,
+        args.scipy_samples, smooth=args.smooth, omega=args.omega,
+        max_coarse_dofs=args.max_coarse_dofs)
+
+
+if __name__ == "__main__":
+    main()
