@@ -1,13 +1,19 @@
-"""Train a density model against differentiable compliance, then score it on a subject.
+"""Train a density model against differentiable compliance, then score it on every subject.
 
-The model is trained only on random problems (no dataset answers), then
-completes a SPhyR subject's inputs, which are scored physically.  Writes
-``<workdir>/metrics.json`` (evaluation means, baselines, training curve),
-``<workdir>/eval_records.json`` and the checkpoint (``model.eqx`` +
-``model.json``).
+The model is trained only on random problems (no dataset answers): all eight
+SPhyR mask variants, both formats, all four load directions.  It then completes
+the inputs of every subject and load direction of the evaluation data, which
+are scored physically beside the empty / solid baselines (and stored model
+completions with ``--eval_results``).  Writes the checkpoint (``model.eqx`` +
+``model.json``), ``<workdir>/metrics.json`` (training curve, summary) and the
+leaderboard (``leaderboard.json``, ``leaderboard.md``, ``leaderboard_<source>.png``).
 
-    python experiments/train_compliance.py --flagfile=configs/train_smoke.cfg \\
-        --workdir=runs/smoke --eval_limit=40
+    python experiments/train_compliance.py --flagfile=configs/train_smoke.cfg \
+        --workdir=runs/smoke --optimum_cache_dir=runs/optima
+
+    # score a trained model again (or on other data) without training:
+    python experiments/train_compliance.py --eval_only --checkpoint=runs/smoke \
+        --workdir=runs/smoke_eval --optimum_cache_dir=runs/optima
 """
 
 from __future__ import annotations
@@ -23,19 +29,28 @@ if str(REPO) not in sys.path:  # run as a script from a source checkout
 
 import sphyr_jax  # noqa: E402
 from sphyr_jax import training  # noqa: E402
-from sphyr_jax.datasets import is_hard, list_subjects, load_subject  # noqa: E402
 
 FLAGS = flags.FLAGS
 _D = training.TrainConfig()
 _P, _M, _L = _D.problem, _D.model, _D.loss
+DATA = REPO / "data"
+DEFAULT_EVAL_DATA = [str(DATA / "dataset")] + [
+    str(DATA / f"dataset_{tag}") for tag in ("3_rotations", "2_rotations", "1_rotations")]
 
-flags.DEFINE_string("workdir", None, "Output folder (checkpoint, metrics.json).")
-flags.DEFINE_string("eval_data", str(REPO / "data" / "dataset"),
-                    "Evaluation subject source: a .jsonl/.json file or a dataset folder.")
-flags.DEFINE_string("eval_subject", "full_easy", "Subject to evaluate (folder sources).")
-flags.DEFINE_integer("eval_limit", None, "Evaluate only the first N records.")
-flags.DEFINE_bool("eval", True, "Evaluate after training.")
-flags.DEFINE_bool("baselines", False, "Also score all-empty / all-solid completions.")
+flags.DEFINE_string("workdir", None, "Output folder (checkpoint, metrics.json, leaderboard).")
+flags.DEFINE_bool("eval_only", False, "Score the model in --checkpoint; no training.")
+flags.DEFINE_string("checkpoint", None, "Folder of a trained model (model.eqx + model.json) "
+                    "for --eval_only (default: --workdir).")
+flags.DEFINE_list("eval_data", DEFAULT_EVAL_DATA,
+                  "Dataset folders or subject files to score on (a folder's rotation tag, e.g. "
+                  "_3_rotations, or the records' gravity_dir gives the load direction); '' none.")
+flags.DEFINE_list("eval_results", [], "Results trees (<model>/<subject>_results.json) whose "
+                  "records are scored with the stored completions beside the model.")
+flags.DEFINE_list("eval_subjects", [], "Subjects to score (default: all available).")
+flags.DEFINE_integer("eval_limit", None, "Score only the first N records of each subject file.")
+flags.DEFINE_bool("eval_rotations", False, "Also score every record turned into the load "
+                  "directions its source lacks (the model only; stored completions are not).")
+flags.DEFINE_bool("eval", True, "Score after training.")
 flags.DEFINE_string("optimum_cache_dir", "", "Folder persisting reference optima ('' = memory).")
 flags.DEFINE_integer("seed", _D.seed, "Seed of model init, pool and problems.")
 flags.DEFINE_integer("steps", _D.steps, "Training steps.")
@@ -47,6 +62,10 @@ flags.DEFINE_integer("log_every", _D.log_every, "Steps per training-curve entry.
 flags.DEFINE_integer("width", _M.width, "Feature channels of the model.")
 flags.DEFINE_list("dilations", [str(d) for d in _M.dilations], "Dilation of each conv block.")
 flags.DEFINE_float("init_density", _M.init_density, "Initial density of design cells.")
+flags.DEFINE_bool("canonical", _M.canonical, "Turn every input so its load points down "
+                  "(exact quarter-turn equivariance).")
+flags.DEFINE_bool("mirror_average", _M.mirror_average, "Average the logits of the input and "
+                  "its mirror image (exact mirror equivariance).")
 flags.DEFINE_float("volume_weight", _L.volume_weight, "Material price on the volume fraction.")
 flags.DEFINE_float("penal", _L.penal, "Final SIMP exponent of the soft term.")
 flags.DEFINE_float("initial_penal", _L.initial_penal, "Initial SIMP exponent (continuation).")
@@ -56,17 +75,16 @@ flags.DEFINE_float("initial_sharpness", _L.initial_sharpness, "Initial logit sca
 flags.DEFINE_float("leak", _L.leak, "Floor added to the sigmoid derivative.")
 flags.DEFINE_list("load_run", [str(v) for v in _P.load_run], "Load run length min,max.")
 flags.DEFINE_list("support_run", [str(v) for v in _P.support_run], "Support run length min,max.")
-flags.DEFINE_list("mask_weights", [str(v) for v in _P.mask_weights],
-                  f"Relative frequency of the mask kinds {training.MASK_KINDS}.")
-flags.DEFINE_list("row_counts", [str(v) for v in _P.row_counts], "Random-row mask counts.")
-flags.DEFINE_list("column_counts", [str(v) for v in _P.column_counts], "Random-column counts.")
-flags.DEFINE_list("cell_counts", [str(v) for v in _P.cell_counts], "Random-cell mask draws.")
-flags.DEFINE_bool("random_gravity", _P.random_gravity, "Train on all four load directions.")
+flags.DEFINE_list("variant_weights", [str(v) for v in _P.variant_weights],
+                  f"Relative frequency of the mask variants {training.MASK_VARIANTS}.")
+flags.DEFINE_float("hard_fraction", _P.hard_fraction, "Share of one-decimal (hard) problems.")
+flags.DEFINE_list("direction_weights", [str(v) for v in _P.direction_weights],
+                  f"Relative frequency of the load directions {training.DIRECTION_NAMES}.")
+flags.DEFINE_float("mirror_fraction", _P.mirror_fraction, "Share of mirrored problems.")
 flags.DEFINE_float("pool_fraction", _P.pool_fraction, "Share of problems from the design pool.")
 flags.DEFINE_integer("pool_size", _P.pool_size, "Designs in the pool.")
 flags.DEFINE_list("pool_volume", [str(v) for v in _P.pool_volume], "Pool budget range min,max.")
 flags.DEFINE_integer("pool_iterations", _P.pool_iterations, "SIMP iterations per pool design.")
-flags.DEFINE_bool("hard", None, "Train for one-decimal subjects (default: as the eval subject).")
 flags.mark_flag_as_required("workdir")
 
 
@@ -78,24 +96,18 @@ def _floats(values):
     return tuple(float(v) for v in values)
 
 
-def eval_subject_and_format() -> tuple[str, bool]:
-    """The subject to load and whether it is a one-decimal (hard) subject."""
-    path = pathlib.Path(FLAGS.eval_data)
-    subject = path.stem if path.is_file() and path.stem in list_subjects() else FLAGS.eval_subject
-    return subject, is_hard(subject)
-
-
-def config_from_flags(hard: bool) -> training.TrainConfig:
+def config_from_flags() -> training.TrainConfig:
     """The training configuration the flags describe."""
     problem = training.ProblemConfig(
         load_run=_ints(FLAGS.load_run), support_run=_ints(FLAGS.support_run),
-        mask_weights=_floats(FLAGS.mask_weights), row_counts=_ints(FLAGS.row_counts),
-        column_counts=_ints(FLAGS.column_counts), cell_counts=_ints(FLAGS.cell_counts),
-        random_gravity=FLAGS.random_gravity, pool_fraction=FLAGS.pool_fraction,
+        variant_weights=_floats(FLAGS.variant_weights), hard_fraction=FLAGS.hard_fraction,
+        direction_weights=_floats(FLAGS.direction_weights),
+        mirror_fraction=FLAGS.mirror_fraction, pool_fraction=FLAGS.pool_fraction,
         pool_size=FLAGS.pool_size, pool_volume=_floats(FLAGS.pool_volume),
-        pool_iterations=FLAGS.pool_iterations, hard=hard)
+        pool_iterations=FLAGS.pool_iterations)
     model = training.ModelConfig(width=FLAGS.width, dilations=_ints(FLAGS.dilations),
-                                 init_density=FLAGS.init_density)
+                                 init_density=FLAGS.init_density, canonical=FLAGS.canonical,
+                                 mirror_average=FLAGS.mirror_average)
     loss = training.LossConfig(
         volume_weight=FLAGS.volume_weight, penal=FLAGS.penal, initial_penal=FLAGS.initial_penal,
         rounded_weight=FLAGS.rounded_weight, rounded_start=FLAGS.rounded_start,
@@ -106,20 +118,44 @@ def config_from_flags(hard: bool) -> training.TrainConfig:
         seed=FLAGS.seed, problem=problem, model=model, loss=loss)
 
 
+def eval_groups() -> list:
+    """The evaluation groups the flags describe (subject x direction x source)."""
+    subjects = FLAGS.eval_subjects or None
+    sources = [s for s in FLAGS.eval_data if s]
+    groups = training.load_dataset_groups(sources, subjects, FLAGS.eval_limit)
+    for root in FLAGS.eval_results:
+        groups += training.load_results_groups(root, subjects, FLAGS.eval_limit)
+    if FLAGS.eval_rotations:
+        groups = training.add_turned_groups(groups)
+    return groups
+
+
 def main(argv):
     del argv
     sphyr_jax.enable_x64()
     from sphyr_jax.optimum import OptimumCache
 
-    subject, hard = eval_subject_and_format()
-    records = (load_subject(FLAGS.eval_data, subject, limit=FLAGS.eval_limit)
-               if FLAGS.eval else [])
-    cfg = config_from_flags(hard if FLAGS.hard is None else FLAGS.hard)
     cache = OptimumCache(FLAGS.optimum_cache_dir or None)
-    out = training.run_experiment(cfg, FLAGS.workdir, records, hard, cache,
-                                  baselines=FLAGS.baselines, log=logging.info)
-    logging.info("wrote %s", pathlib.Path(FLAGS.workdir) / "metrics.json")
-    print({k: v for k, v in out.items() if k.startswith(("eval_", "baseline_", "train_"))})
+    groups = eval_groups() if (FLAGS.eval or FLAGS.eval_only) else []
+    logging.info("%d evaluation groups, %d records", len(groups),
+                 sum(len(g.records) for g in groups))
+    if FLAGS.eval_only:
+        model = training.load_checkpoint(FLAGS.checkpoint or FLAGS.workdir)
+        out = training.evaluate_model(model, groups, FLAGS.workdir, cache, logging.info)
+    else:
+        out = training.run_experiment(config_from_flags(), FLAGS.workdir, groups, cache,
+                                      log=logging.info)
+    for source, s in out.get("summary", {}).items():
+        means = ", ".join(f"{n} {m['topology_score']:.3f} ({100 * m['load_carrying']:.0f}%)"
+                          for n, m in s["mean"].items())
+        print(f"{source}: mean over groups: {means}")
+        for name, lost in s["model_not_above"].items():
+            print(f"  model not above {name} on {len(lost)} groups: "
+                  + ", ".join(f"{a}/{b} {c:.3f}<={d:.3f}" for a, b, c, d in lost))
+    if "train_seconds" in out:
+        print(f"train_seconds {out['train_seconds']:.0f}")
+    if "eval_seconds" in out:
+        print(f"eval_seconds {out['eval_seconds']:.0f}")
 
 
 if __name__ == "__main__":

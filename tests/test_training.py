@@ -1,6 +1,7 @@
 """Training against compliance: random problems, loss, loop, checkpoints, completions."""
 
 import dataclasses
+import pathlib
 
 import equinox as eqx
 import jax
@@ -12,10 +13,12 @@ from sphyr_jax import fea, training
 from sphyr_jax.grids import densities_from_grid, parse_number
 from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases
 from sphyr_jax.optimum import OptimumCache, OptimumResult
+from sphyr_jax.symmetry import AXIS_DIRECTIONS, transform_record, turn_records
 
 TINY = training.TrainConfig(
     steps=60, batch_size=8, learning_rate=1e-2, warmup_steps=5, log_every=20, seed=0,
-    problem=training.ProblemConfig(shape=(6, 6), load_run=(2, 6), support_run=(2, 4)),
+    problem=training.ProblemConfig(shape=(6, 6), load_run=(2, 6), support_run=(2, 4),
+                                   variant_weights=(0,) * 7 + (1,)),  # full masks: no pool
     model=training.ModelConfig(width=8, dilations=(1, 2, 4)))
 GRID = [["0", "L", "L", "L", "0"], ["V", "V", "0.3", "V", "V"], ["V", "V", "V", "V", "1"],
         ["V", "1", "V", "V", "V"], ["0", "S", "S", "V", "0"]]
@@ -51,20 +54,31 @@ def _tokens(case, masked, gt: bool):
     return grid
 
 
+def _on_edge(mask: np.ndarray, edge: str) -> bool:
+    """Whether a mask is non-empty and lies entirely on one grid edge."""
+    rows, cols = np.nonzero(mask)
+    n = mask.shape[0] - 1
+    line = {"top": rows == 0, "bottom": rows == n, "left": cols == 0, "right": cols == n}[edge]
+    return len(rows) > 0 and bool(np.all(line))
+
+
+_TOWARDS = {0: "bottom", 1: "right", 2: "top", 3: "left"}  # edge a direction points to
+_AWAY = {0: "top", 1: "left", 2: "bottom", 3: "right"}
+
+
 def test_sampled_problems_match_grid_load_cases():
-    """The traced sampler builds the load case the grid reader builds from the same tokens."""
-    cfg = training.ProblemConfig(mask_weights=(1, 1, 1, 1), random_gravity=True,
-                                 pool_fraction=1.0)
+    """The traced sampler builds the load case the grid reader builds from the same tokens;
+    loads sit on the edge opposite the supports, the load pushing towards them."""
+    cfg = training.ProblemConfig(pool_fraction=0.5)
     k_pool, k_values, k_sample = jax.random.split(jax.random.PRNGKey(4), 3)
-    load, support, gravity = jax.vmap(lambda k: training.sample_boundary(k, cfg))(
+    load, support, _ = jax.vmap(lambda k: training.sample_boundary(k, cfg))(
         jax.random.split(k_pool, 4))
-    values = jnp.round(jax.random.uniform(k_values, (4, 10, 10)), 1)  # stand-in designs
-    pool = training.Pool(load=load, support=support, gravity=gravity,
+    values = jax.random.uniform(k_values, (4, 10, 10))  # stand-in designs
+    pool = training.Pool(load=load, support=support,
                          densities=jnp.where(load | support, 1.0, values))
-    case, feats = jax.jit(lambda k: training.sample_problems(k, 24, cfg, pool))(k_sample)
+    case, feats, info = jax.jit(lambda k: training.sample_problems(k, 32, cfg, pool))(k_sample)
     masked = np.asarray(feats[:, training.CHANNELS.index("masked")]) > 0.5
-    kinds_seen = set()
-    for i in range(24):
+    for i in range(32):
         one = jax.tree.map(lambda a, i=i: np.asarray(a[i]), case)
         gt, inp = _tokens(one, masked[i], True), _tokens(one, masked[i], False)
         ref = load_case_from_grid(gt, inp, one.gravity)
@@ -74,38 +88,77 @@ def test_sampled_problems_match_grid_load_cases():
         keep = ~ref.design_mask
         np.testing.assert_allclose(one.pinned[keep], ref.pinned[keep])
         np.testing.assert_allclose(np.asarray(feats[i]), training.grid_features(inp, one.gravity))
-        # Full masks: fresh BCs, empty known cells; other masks: a pool design.
-        full = masked[i].all(axis=1).tolist() == [False] + [True] * 8 + [False]
-        kinds_seen.add(full)
-        structural = one.load_mask | one.support_mask
-        if full:
-            assert not one.pinned[keep & ~structural].any()
+        d = int(info.direction[i])
+        np.testing.assert_array_equal(one.gravity, np.asarray(AXIS_DIRECTIONS[d], float))
+        assert _on_edge(one.load_mask, _AWAY[d]) and _on_edge(one.support_mask, _TOWARDS[d])
+        known = one.pinned[~(one.load_mask | one.support_mask)]
+        if bool(info.hard[i]):
+            np.testing.assert_allclose(known, np.round(known, 1), atol=1e-12)
         else:
-            match = [j for j in range(4) if np.array_equal(one.load_mask, np.asarray(load[j]))
-                     and np.allclose(one.pinned[keep], np.asarray(pool.densities[j])[keep])]
-            assert match, i
-    assert kinds_seen == {True, False}
+            assert set(np.unique(known)) <= {0.0, 1.0}
 
 
-@pytest.mark.parametrize("kind", training.MASK_KINDS)
-def test_masks_and_boundaries_follow_sphyr_variants(kind):
-    weights = tuple(float(k == kind) for k in training.MASK_KINDS)
-    cfg = training.ProblemConfig(mask_weights=weights, load_run=(3, 10), support_run=(3, 5))
+def _canonical(mask, direction, mirrored):
+    """Undo the sampler's turn and mirror."""
+    m = np.rot90(mask, -direction)
+    return np.flip(m, 1) if mirrored else m
+
+
+def _check_variant(mask, variant):
+    """A canonical mask has the shape SPhyR's generator gives the variant."""
+    n, kind = (10, "full") if variant == "full" else (int(variant.split("_")[0]),
+                                                       variant.split("_")[-1])
+    rows, cols = mask.all(axis=1), mask.all(axis=0)
+    if kind == "full":
+        assert rows.tolist() == [False] + [True] * 8 + [False] and mask.sum() == 80
+    elif kind == "row":
+        assert not rows[0] and not rows[-1] and rows.sum() == n and mask.sum() == 10 * n
+    elif kind == "column":
+        assert cols.sum() == n and mask.sum() == 10 * n
+    else:
+        assert 1 <= mask.sum() <= n and (n == 1) == (mask.sum() == 1)
+
+
+def test_sampler_draws_every_variant_format_and_direction_at_the_configured_frequencies():
+    weights = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+    dirs = (4.0, 3.0, 2.0, 1.0)
+    cfg = training.ProblemConfig(variant_weights=weights, hard_fraction=0.3,
+                                 direction_weights=dirs, mirror_fraction=0.4)
+    n = 4000
+    case, feats, info = jax.jit(lambda k: training.sample_problems(k, n, cfg))(
+        jax.random.PRNGKey(7))
+    variant, hard, direction, mirrored = (np.asarray(a) for a in (
+        info.variant, info.hard, info.direction, info.mirrored))
+
+    def close(count, p):  # binomial count within 4.5 standard deviations
+        assert abs(count - n * p) <= 4.5 * np.sqrt(n * p * (1 - p)), (count, n * p)
+
+    for v in range(8):
+        close((variant == v).sum(), weights[v] / sum(weights))
+    for d in range(4):
+        close((direction == d).sum(), dirs[d] / sum(dirs))
+    close(hard.sum(), 0.3)
+    close(mirrored.sum(), 0.4)
+    # The labels describe the problems: gravity, masks (after undoing turn and mirror).
+    masked = np.asarray(feats[:, training.CHANNELS.index("masked")]) > 0.5
+    gravity = np.asarray(case.gravity)
+    for i in range(0, n, 7):
+        np.testing.assert_array_equal(gravity[i], np.asarray(AXIS_DIRECTIONS[direction[i]], float))
+        _check_variant(_canonical(masked[i], direction[i], mirrored[i]),
+                       training.MASK_VARIANTS[variant[i]])
+
+
+@pytest.mark.parametrize("variant", training.MASK_VARIANTS)
+def test_masks_and_boundaries_follow_sphyr_variants(variant):
+    weights = tuple(float(v == variant) for v in training.MASK_VARIANTS)
+    cfg = training.ProblemConfig(variant_weights=weights, load_run=(3, 10), support_run=(3, 5))
     keys = jax.random.split(jax.random.PRNGKey(1), 64)
     masks = np.asarray(jax.vmap(lambda k: training.sample_mask(k, cfg))(keys))
-    load, support, _ = (np.asarray(a) for a in
-                        jax.vmap(lambda k: training.sample_boundary(k, cfg))(keys))
-    full_rows, full_cols = masks.all(axis=2), masks.all(axis=1)
-    for m, rows, cols in zip(masks, full_rows, full_cols, strict=True):
-        if kind == "full":
-            assert rows.tolist() == [False] + [True] * 8 + [False]
-        elif kind == "rows":
-            assert not rows[0] and not rows[-1] and rows.sum() in cfg.row_counts
-            assert m.sum() == 10 * rows.sum()
-        elif kind == "columns":
-            assert cols.sum() in cfg.column_counts and m.sum() == 10 * cols.sum()
-        else:
-            assert 1 <= m.sum() <= max(cfg.cell_counts)
+    load, support, gravity = (np.asarray(a) for a in
+                              jax.vmap(lambda k: training.sample_boundary(k, cfg))(keys))
+    for m in masks:
+        _check_variant(m, variant)
+    np.testing.assert_array_equal(gravity, np.tile([1.0, 0.0], (64, 1)))
     for lo, hi, mask, row in ((3, 10, load, 0), (3, 5, support, 9)):
         assert not np.delete(mask, row, axis=1).any()
         runs = mask[:, row]
@@ -220,3 +273,150 @@ def test_evaluate_scores_completions_physically(trained, full_easy_records):
     assert training.fill_baseline(records, "1", cache)["load_carrying"] == 1.0
     empty = training.fill_baseline(records, "0", cache)
     assert empty["load_carrying"] == 0.0 and empty["topology_score"] == 0.0
+
+
+# ---------------------------------------------------------------------------
+# Symmetry: turned / mirrored problems through the model and the evaluation path.
+
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
+TRANSFORMS = [(k, None) for k in range(1, 4)] + [(0, 1), (3, 0)]  # (turns, mirror axis)
+
+
+def _transform_tokens(grid, k, mirror):
+    a = np.array(grid, dtype=object)
+    return np.rot90(np.flip(a, mirror) if mirror is not None else a, k).tolist()
+
+
+@pytest.fixture(scope="module")
+def data_records():
+    from sphyr_jax.datasets import load_subject
+
+    return {s: load_subject(str(DATA / "dataset"), s, limit=3)
+            for s in ("full_easy", "full_hard", "3_random_column_hard", "5_random_cell_easy")}
+
+
+def test_model_is_exactly_equivariant(trained, data_records):
+    """Turning / mirroring a grid with its load direction turns / mirrors the model's densities."""
+    model, _ = trained
+    full = training.init_model(dataclasses.replace(TINY.model, width=6), 3)
+    full = eqx.tree_at(lambda m: m.head.weight, full, jax.random.normal(
+        jax.random.PRNGKey(5), full.head.weight.shape))  # a non-constant output
+    rec = data_records["3_random_column_hard"][1]
+    base = jnp.asarray(training.grid_features(rec["input_grid"])[None])
+    for net in (model, full):
+        p0 = np.asarray(training.predict(net, base))[0]
+        for k, mirror in TRANSFORMS:
+            r = transform_record(rec, k, mirror)
+            p = np.asarray(training.predict(net, jnp.asarray(
+                training.grid_features(r["input_grid"], r["gravity_dir"])[None])))[0]
+            np.testing.assert_allclose(p, _transform_tokens(p0, k, mirror), rtol=0, atol=1e-12)
+    # The bare conv net (no symmetrisation) with the same weights is not equivariant.
+    r = transform_record(rec, 1)
+    z0 = np.asarray(full.net(base[0]))
+    z1 = np.asarray(full.net(jnp.asarray(training.grid_features(r["input_grid"],
+                                                                r["gravity_dir"]))))
+    assert np.abs(z1 - np.rot90(z0)).max() > 1e-3
+
+
+def test_turned_problem_scores_the_same_through_the_evaluation_path(trained, data_records):
+    """Compliances (completion, answer, solid) and scores of a turned or mirrored record equal
+    the original's to 1e-10: sampling, completion, load case, FEA and metrics."""
+    model, _ = trained
+    cache = AnswerAsOptimum()
+    checked = 0
+    for subject, records in data_records.items():
+        hard = subject.endswith("_hard")
+        base = training.evaluate(model, records, hard, cache)
+        solid = training.fill_baseline(records, "1", cache)["per_record"]
+        for k, mirror in TRANSFORMS:
+            moved = [transform_record(r, k, mirror) for r in records]
+            out = training.evaluate(model, moved, hard, cache)
+            assert out["completions"] == [_transform_tokens(c, k, mirror)
+                                          for c in base["completions"]]
+            moved_solid = training.fill_baseline(moved, "1", cache)["per_record"]
+            for a, b in zip(base["per_record"] + solid, out["per_record"] + moved_solid,
+                            strict=True):
+                assert b["load_carrying"] == a["load_carrying"]
+                # Designs that carry the load are well conditioned: 1e-10.  A design
+                # that drops the load is held by E_min = 1e-9 cells only (c ~ 1e9,
+                # cond(K) ~ 1e18): its compliance is reproducible to ~1e-5 only.
+                rel = 1e-10 if a["load_carrying"] else 1e-4
+                assert b["compliance"] == pytest.approx(a["compliance"], rel=rel)
+                # The largest displacement may sit on a node held by void cells only.
+                assert b["max_displacement"] == pytest.approx(a["max_displacement"],
+                                                              rel=max(rel, 1e-6))
+                for name in ("ground_truth_compliance", "optimal_compliance",
+                             "topology_score", "volume_fraction"):
+                    assert b[name] == pytest.approx(a[name], rel=1e-10, abs=1e-300), name
+                checked += a["load_carrying"]
+    assert checked >= 40  # most records (solid fills included) carry the load
+
+
+@pytest.mark.parametrize("hard", [False, True])
+def test_completions_keep_known_cells_and_format_in_every_direction(trained, data_records, hard):
+    model, _ = trained
+    records = data_records["full_hard" if hard else "full_easy"] + data_records[
+        "3_random_column_hard" if hard else "5_random_cell_easy"]
+    for k in range(4):
+        moved = turn_records(records, k)
+        for rec, out in zip(moved, training.complete_records(model, moved, hard), strict=True):
+            assert np.array(out).shape == (10, 10)
+            for t_in, t_out in zip(np.ravel(rec["input_grid"]), np.ravel(out), strict=True):
+                if t_in != "V":
+                    assert t_out == t_in
+                elif hard:
+                    assert 0.0 <= parse_number(t_out) <= 1.0 and len(t_out.split(".")[1]) == 1
+                else:
+                    assert t_out in ("0", "1")
+
+
+def test_embedded_turned_datasets_match_the_turned_records():
+    """data/dataset_<n>_rotations holds data/dataset turned with the direction its name encodes."""
+    from sphyr_jax.datasets import list_subjects, load_subject
+    from sphyr_jax.loadcase import gravity_from_folder
+
+    for tag, k in (("3_rotations", 1), ("2_rotations", 2), ("1_rotations", 3)):
+        folder = DATA / f"dataset_{tag}"
+        for subject in list_subjects():
+            turned = load_subject(str(folder), subject)
+            original = load_subject(str(DATA / "dataset"), subject)
+            assert len(turned) == len(original) == 20
+            for a, b in zip(original, turned, strict=True):
+                assert b["gravity_dir"] == list(gravity_from_folder(folder.name))
+                assert b["input_grid"] == np.rot90(np.array(a["input_grid"]), k).tolist()
+                assert b["ground_truth"] == np.rot90(np.array(a["ground_truth"]), k).tolist()
+
+
+def test_leaderboard_scores_every_group_beside_baselines_and_stored_completions(
+        trained, tmp_path):
+    """One batched call scores model, baselines and stored completions; the stored ``solid``
+    baseline (read from a results tree) scores exactly like the leaderboard's own solid fill."""
+    model, _ = trained
+    subjects = ["full_easy", "1_random_row_hard"]
+    groups = training.load_dataset_groups([DATA / "dataset", DATA / "dataset_3_rotations"],
+                                          subjects, limit=2)
+    assert {(g.subject, g.direction) for g in groups} == {
+        (s, d) for s in subjects for d in ("down", "right")}
+    groups = training.add_turned_groups(groups)
+    assert len(groups) == 8 and {g.source for g in groups} == {"dataset"}
+    stored = training.load_results_groups(DATA / "results", subjects, limit=2)
+    solid_stored = [g for g in stored if "solid" in g.others]
+    assert len(solid_stored) == 2 and all(g.direction == "down" for g in solid_stored)
+    board = training.build_leaderboard(model, groups + solid_stored, AnswerAsOptimum())
+    rows = {(r["source"], r["subject"], r["direction"]): r for r in board["rows"]}
+    for subject in subjects:
+        ours = rows[("dataset", subject, "down")]
+        theirs = rows[("results:solid", subject, "down")]
+        assert theirs["solid"] == theirs["solid"] and theirs["samples"] == 2
+        assert theirs["solid"]["topology_score"] == pytest.approx(
+            ours["solid"]["topology_score"], rel=1e-12)
+        for d in ("right", "up", "left"):  # the model is equivariant: same means everywhere
+            other = rows[("dataset", subject, d)]
+            for name in ("model", "empty", "solid"):
+                for metric in ("topology_score", "load_carrying"):
+                    assert other[name][metric] == pytest.approx(ours[name][metric], rel=1e-10)
+    assert rows[("dataset", "full_easy", "down")]["empty"]["load_carrying"] == 0.0
+    files = training.write_leaderboard(board, tmp_path)
+    text = files["markdown"].read_text()
+    assert "### dataset: model" in text and "| full_easy |" in text and "right" in text
+    assert files["plot:dataset"].stat().st_size > 1000

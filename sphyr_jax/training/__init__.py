@@ -6,13 +6,16 @@ every training problem is drawn at random (:mod:`~sphyr_jax.training.problems`)
 and the loss is physics — compliance through the differentiable FEA relative to
 the solid grid, plus a price on material (:mod:`~sphyr_jax.training.loop`).
 Completions are rounded to the subject's format and scored with
-:func:`sphyr_jax.metrics.score_batch` (:mod:`~sphyr_jax.training.evaluation`).
+:func:`sphyr_jax.metrics.score_batch` (:mod:`~sphyr_jax.training.evaluation`);
+:mod:`~sphyr_jax.training.leaderboard` scores one model on every subject and
+load direction beside the empty / solid baselines and stored completions.
 
 float64 must be on (``sphyr_jax.enable_x64()``) before training or evaluating.
 """
 
 from sphyr_jax.training.config import (
-    MASK_KINDS,
+    DIRECTION_NAMES,
+    MASK_VARIANTS,
     LossConfig,
     ModelConfig,
     ProblemConfig,
@@ -25,9 +28,22 @@ from sphyr_jax.training.evaluation import (
     complete_grids,
     complete_records,
     evaluate,
+    evaluate_model,
     fill_baseline,
     run_experiment,
     score_completions,
+)
+from sphyr_jax.training.leaderboard import (
+    EvalGroup,
+    add_turned_groups,
+    build_leaderboard,
+    direction_name,
+    leaderboard_markdown,
+    load_dataset_groups,
+    load_results_groups,
+    plot_leaderboard,
+    summary,
+    write_leaderboard,
 )
 from sphyr_jax.training.loop import (
     batch_loss,
@@ -47,58 +63,76 @@ from sphyr_jax.training.model import (
 from sphyr_jax.training.problems import (
     CHANNELS,
     Pool,
+    ProblemInfo,
     build_problem,
     force_vector,
     free_dofs,
     grid_features,
     input_features,
     make_pool,
+    needs_pool,
     round_to_format,
     sample_boundary,
     sample_mask,
-    sample_mask_and_kind,
+    sample_mask_and_variant,
     sample_problem,
     sample_problems,
+    variant_mask,
 )
 
 __all__ = [
     "CHANNELS",
-    "MASK_KINDS",
+    "DIRECTION_NAMES",
+    "MASK_VARIANTS",
     "DensityNet",
+    "EvalGroup",
     "LossConfig",
     "ModelConfig",
     "Pool",
     "ProblemConfig",
+    "ProblemInfo",
     "TrainConfig",
+    "add_turned_groups",
     "batch_loss",
     "build_problem",
     "complete_grid",
     "complete_grids",
     "complete_records",
     "design_objective",
+    "direction_name",
     "evaluate",
+    "evaluate_model",
     "fill_baseline",
     "force_vector",
     "free_dofs",
     "grid_features",
     "init_model",
     "input_features",
+    "build_leaderboard",
+    "leaderboard_markdown",
     "load_checkpoint",
+    "load_dataset_groups",
+    "load_results_groups",
     "make_optimizer",
     "make_pool",
     "make_train_step",
     "model_config_from_dict",
+    "needs_pool",
+    "plot_leaderboard",
     "predict",
     "round_to_format",
     "run_experiment",
     "sample_boundary",
     "sample_mask",
-    "sample_mask_and_kind",
+    "sample_mask_and_variant",
     "sample_problem",
     "sample_problems",
     "save_checkpoint",
     "schedule",
     "score_completions",
+    "summary",
     "train",
     "train_config_from_dict",
+    "variant_mask",
+    "write_leaderboard",
 ]

@@ -8,60 +8,85 @@ from __future__ import annotations
 
 import dataclasses
 
-MASK_KINDS = ("full", "rows", "columns", "cells")
+MASK_VARIANTS = (
+    "1_random_cell",
+    "5_random_cell",
+    "10_random_cell",
+    "1_random_row",
+    "3_random_row",
+    "1_random_column",
+    "3_random_column",
+    "full",
+)  # the SPhyR mask variants, in :data:`sphyr_jax.datasets.VARIANTS` order
+DIRECTION_NAMES = ("down", "right", "up", "left")  # k counter-clockwise turns of down
 
 
 @dataclasses.dataclass(frozen=True)
 class ProblemConfig:
     """How random training problems are drawn.
 
+    A problem is drawn in the canonical frame of the SPhyR generators (one load
+    run on the top edge, one support run on the bottom edge, gravity down),
+    masked like one of the eight SPhyR variants, optionally mirrored left-right,
+    then turned by quarter turns together with its load direction, so loads
+    and supports end up on any pair of opposite edges with the load pushing
+    towards the supports (as in the published ``*_rotations`` data and
+    ``python -m sphyr_jax generate --gravity_dirs``).
+
     Attributes:
-        shape: grid shape (nely, nelx).
-        load_run: (min, max) length of the load run on the top row.
+        shape: grid shape (nely, nelx); square unless only down/up are drawn.
+        load_run: (min, max) length of the load run on the (canonical) top row.
         support_run: (min, max) length of the support run on the bottom row.
-        mask_weights: relative frequency of the mask kinds of ``MASK_KINDS``
-            (full = rows 1..nely-2, random rows, random columns, random cells).
-        row_counts, column_counts, cell_counts: counts the random masks draw from
-            (cells are drawn with replacement; rows never include the edges;
-            columns and cells may hide load and support cells).
-        random_gravity: draw the load direction from the four axis directions
-            (else always down).
-        pool_fraction: share of the partial-mask (not full) problems whose
-            boundary conditions and known (unmasked) cells come from a pool of
-            plausible designs; the others (and all full-mask problems) draw
-            fresh boundary conditions and leave known non-L/S cells empty.
+        variant_weights: relative frequency of the mask variants of
+            ``MASK_VARIANTS`` (drawn exactly like ``sphyr_jax.convert``: cells
+            with replacement anywhere, L/S included; distinct inner rows;
+            distinct columns, L/S included; full = rows 1..nely-2).
+        hard_fraction: share of problems in the hard format (one decimal; the
+            known cells and the rounded term of the loss use it), else 0/1.
+        direction_weights: relative frequency of the load directions
+            ``DIRECTION_NAMES`` (down, right, up, left).
+        mirror_fraction: share of problems mirrored left-right in the canonical
+            frame before the turn.
+        pool_fraction: share of the full-mask problems whose boundary
+            conditions and known (unmasked) cells come from a pool of plausible
+            designs; the others draw fresh boundary conditions and leave known
+            non-L/S cells empty.  Partial masks (cells, rows, columns) always
+            show a pool design (with empty known cells a partial mask could
+            not connect the load to the supports).
         pool_size: designs in the pool.
         pool_volume: (min, max) volume fraction the pool designs are optimised at.
         pool_iterations: SIMP iterations per pool design.
-        hard: one-decimal densities (hard subjects) instead of 0/1, both for the
-            pool designs and for the rounded term of the loss.
     """
 
     shape: tuple[int, int] = (10, 10)
     load_run: tuple[int, int] = (3, 10)
     support_run: tuple[int, int] = (3, 6)
-    mask_weights: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0)
-    row_counts: tuple[int, ...] = (1, 3)
-    column_counts: tuple[int, ...] = (1, 3)
-    cell_counts: tuple[int, ...] = (1, 5, 10)
-    random_gravity: bool = False
+    variant_weights: tuple[float, ...] = (1.0,) * len(MASK_VARIANTS)
+    hard_fraction: float = 0.5
+    direction_weights: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0)
+    mirror_fraction: float = 0.5
     pool_fraction: float = 0.0
     pool_size: int = 256
     pool_volume: tuple[float, float] = (0.2, 0.45)
     pool_iterations: int = 60
-    hard: bool = False
 
     def __post_init__(self):
-        if len(self.mask_weights) != len(MASK_KINDS) or min(self.mask_weights) < 0 \
-                or sum(self.mask_weights) <= 0:
-            raise ValueError(f"mask_weights needs {len(MASK_KINDS)} non-negative weights "
-                             f"{MASK_KINDS} with a positive sum, got {self.mask_weights}")
-        if not 0.0 <= self.pool_fraction <= 1.0:
-            raise ValueError(f"pool_fraction must be in [0, 1], got {self.pool_fraction}")
+        for name, n in (("variant_weights", len(MASK_VARIANTS)),
+                        ("direction_weights", len(DIRECTION_NAMES))):
+            w = getattr(self, name)
+            if len(w) != n or min(w) < 0 or sum(w) <= 0:
+                raise ValueError(f"{name} needs {n} non-negative weights with a positive "
+                                 f"sum, got {w}")
+        for name in ("hard_fraction", "mirror_fraction", "pool_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         for name in ("load_run", "support_run"):
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
                 raise ValueError(f"{name} must be (min, max) with 1 <= min <= max")
+        sideways = self.direction_weights[1] > 0 or self.direction_weights[3] > 0
+        if sideways and self.shape[0] != self.shape[1]:
+            raise ValueError(f"sideways load directions need a square grid, got {self.shape}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,11 +97,19 @@ class ModelConfig:
         width: feature channels.
         dilations: one residual 3x3 conv block per entry, with that dilation.
         init_density: density every design cell starts at.
+        canonical: turn every input so its load points down before the conv
+            net and turn the output back (the model is then exactly
+            equivariant to quarter turns of a grid with its load direction).
+        mirror_average: average the logits of the (canonical) input and of
+            its left-right mirror image, mirrored back (exact mirror
+            equivariance; twice the forward cost).
     """
 
     width: int = 32
     dilations: tuple[int, ...] = (1, 2, 4, 1, 2, 4)
     init_density: float = 0.3
+    canonical: bool = True
+    mirror_average: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

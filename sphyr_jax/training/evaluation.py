@@ -91,8 +91,11 @@ def complete_records(model, records: Sequence[dict], hard: bool) -> list:
 
 
 def score_completions(records: Sequence[dict], completions: Sequence, cache=None,
-                      num_devices: int | None = None) -> dict:
+                      num_devices: int | None = None, optimum: str | None = None) -> dict:
     """Score completions of records with :func:`sphyr_jax.metrics.score_batch`.
+
+    The yardstick is ``optimum`` (``"reference"``: the published optimum, the
+    default; ``"strong"``: stricter), or the given cache's.
 
     Returns:
         Means over records of ``SUMMARY_KEYS``, ``samples`` (count) and
@@ -102,7 +105,7 @@ def score_completions(records: Sequence[dict], completions: Sequence, cache=None
 
     items = [ScoreItem(c, r["ground_truth"], r["input_grid"], _gravity(r))
              for r, c in zip(records, completions, strict=True)]
-    metrics = score_batch(items, cache, num_devices=num_devices)
+    metrics = score_batch(items, cache, num_devices=num_devices, optimum=optimum)
     out = {k: float(np.mean([float(getattr(m, k)) for m in metrics])) if metrics else 0.0
            for k in SUMMARY_KEYS}
     return {**out, "samples": len(metrics), "per_record": [m.as_dict() for m in metrics]}
@@ -135,28 +138,26 @@ def fill_baseline(records: Sequence[dict], token: str, cache=None,
     return score_completions(records, completions, cache, num_devices)
 
 
-def _prefixed(prefix: str, result: dict) -> dict:
-    return {f"{prefix}_{k}": result[k] for k in (*SUMMARY_KEYS, "samples")}
-
-
-def run_experiment(cfg: TrainConfig, workdir, records: Sequence[dict] = (), hard: bool = False,
-                   cache=None, baselines: bool = False,
-                   log: Callable[[str], None] | None = None) -> dict:
-    """Train, checkpoint, evaluate; writes ``<workdir>/metrics.json`` and returns its content.
+def run_experiment(cfg: TrainConfig, workdir, groups: Sequence = (), cache=None,
+                   log: Callable[[str], None] | None = None,
+                   num_devices: int | None = None) -> dict:
+    """Train, checkpoint, then score the model on every group; writes ``<workdir>/metrics.json``.
 
     Args:
         cfg: training configuration.
-        workdir: output folder (``model.eqx``, ``model.json``, ``metrics.json``,
-            ``eval_records.json``).
-        records: evaluation records (none: no evaluation).
-        hard: evaluation format (one decimal) or 0/1.
+        workdir: output folder (``model.eqx``, ``model.json``, ``metrics.json``
+            and, with groups, the leaderboard files of
+            :func:`~sphyr_jax.training.leaderboard.write_leaderboard`).
+        groups: :class:`~sphyr_jax.training.leaderboard.EvalGroup` s (none: no
+            evaluation).
         cache: optimum cache for scoring.
-        baselines: also score all-empty and all-solid completions.
         log: optional callable receiving progress lines.
+        num_devices: devices scoring is split over (None: all local).
 
     Returns:
-        ``{"config", "curve", "train_seconds", "checkpoint", "eval_*" (means,
-        ``eval_samples``), "eval_seconds", "baseline_empty_*", "baseline_solid_*"}``.
+        ``{"config", "curve", "train_seconds", "checkpoint"}`` plus, with
+        groups, ``"eval_seconds"`` and ``"summary"`` (see
+        :func:`~sphyr_jax.training.leaderboard.summary`).
     """
     from sphyr_jax.io import atomic_write_json
 
@@ -169,20 +170,25 @@ def run_experiment(cfg: TrainConfig, workdir, records: Sequence[dict] = (), hard
         f"carrying {e['carrying']:.2f} ({e['seconds']:.0f} s)"))
     out = {"config": cfg.as_dict(), "curve": curve, "train_seconds": time.perf_counter() - t0}
     out["checkpoint"] = str(save_checkpoint(workdir, model, cfg.model).name)
-    if records:
-        t1 = time.perf_counter()
-        result = evaluate(model, records, hard, cache)
-        out.update(_prefixed("eval", result))
-        out["eval_seconds"] = time.perf_counter() - t1
-        atomic_write_json(workdir / "eval_records.json", [
-            {"index": r.get("index", i), "completion": c, **m}
-            for i, (r, c, m) in enumerate(zip(records, result["completions"],
-                                              result["per_record"], strict=True))])
-        log(f"eval: topology_score {result['topology_score']:.4f} load_carrying "
-            f"{result['load_carrying']:.3f} on {result['samples']} records "
-            f"({out['eval_seconds']:.0f} s)")
-        if baselines:
-            for name, token in (("empty", "0"), ("solid", "1")):
-                out.update(_prefixed(f"baseline_{name}", fill_baseline(records, token, cache)))
     atomic_write_json(workdir / "metrics.json", out)
+    if groups:
+        out.update(evaluate_model(model, groups, workdir, cache, log, num_devices))
+        atomic_write_json(workdir / "metrics.json", out)
     return out
+
+
+def evaluate_model(model, groups: Sequence, workdir, cache=None,
+                   log: Callable[[str], None] | None = None,
+                   num_devices: int | None = None) -> dict:
+    """Leaderboard of a model on groups, written to ``workdir``; returns
+    ``{"eval_seconds", "summary"}`` (see :mod:`sphyr_jax.training.leaderboard`)."""
+    from sphyr_jax.training.leaderboard import build_leaderboard, summary, write_leaderboard
+
+    log = log or (lambda line: None)
+    t1 = time.perf_counter()
+    board = build_leaderboard(model, groups, cache, num_devices, progress=log)
+    seconds = time.perf_counter() - t1
+    files = write_leaderboard(board, workdir)
+    log(f"scored {len(groups)} groups in {seconds:.0f} s; wrote "
+        + ", ".join(str(p) for p in files.values()))
+    return {"eval_seconds": seconds, "summary": summary(board)}

@@ -9,7 +9,8 @@ The log ratio makes load cases of very different stiffness comparable; the
 price $\\lambda$ on the whole-grid volume fraction decides how much material
 the model spends (for designs with $c \\propto vf^{-\\beta}$ the optimum sits
 near $vf = \\beta / \\lambda$).  The loss is $(1 - w) J(\\rho) + w J(r(\\rho))$
-with $r$ the rounding to the subject's format and a straight-through gradient;
+with $r$ the rounding to the problem's format (drawn per problem: 0/1 or one
+decimal) and a straight-through gradient;
 for 0/1 designs the rounded term is evaluated at p = 1 (same value for 0/1
 densities, but a non-zero gradient on empty cells), so a rounded design that
 drops the load is pushed to reconnect it.  Continuations over training:
@@ -36,7 +37,12 @@ from sphyr_jax import fea
 from sphyr_jax.loadcase import LoadCase
 from sphyr_jax.training.config import LossConfig, TrainConfig
 from sphyr_jax.training.model import init_model, predict
-from sphyr_jax.training.problems import make_pool, round_to_format, sample_problems
+from sphyr_jax.training.problems import (
+    make_pool,
+    needs_pool,
+    round_to_format,
+    sample_problems,
+)
 
 
 def design_objective(case: LoadCase, rho, solid, volume_weight, penal,
@@ -54,7 +60,7 @@ def schedule(progress, cfg: LossConfig):
     return sharp, penal, cfg.rounded_weight * ramp
 
 
-def batch_loss(model, case: LoadCase, features, progress, cfg: LossConfig, hard: bool):
+def batch_loss(model, case: LoadCase, features, progress, cfg: LossConfig, hard):
     """Mean physics loss of a batch and diagnostics.
 
     Args:
@@ -63,7 +69,8 @@ def batch_loss(model, case: LoadCase, features, progress, cfg: LossConfig, hard:
         features: (B, C, nely, nelx).
         progress: training progress in [0, 1] (drives the continuations).
         cfg: loss settings.
-        hard: round to one decimal (else 0/1) in the rounded term.
+        hard: (B,) bool (or one bool): round to one decimal (else 0/1) in the
+            rounded term, per problem.
 
     Returns:
         (loss, {"soft", "rounded": mean objectives, "volume_fraction": mean of
@@ -77,7 +84,7 @@ def batch_loss(model, case: LoadCase, features, progress, cfg: LossConfig, hard:
         fea.compliance(case, jnp.ones(soft.shape[-2:]), cfg.penal, cfg.solver))
     j_soft = design_objective(case, soft, solid, cfg.volume_weight, penal, cfg.solver)
     j_round = design_objective(case, rounded, solid, cfg.volume_weight,
-                               cfg.penal if hard else 1.0, cfg.solver)
+                               jnp.where(jnp.asarray(hard), cfg.penal, 1.0), cfg.solver)
     loss = jnp.mean((1.0 - w) * j_soft + w * j_round)
     vf = jnp.mean(rounded, axis=(-2, -1))
     aux = {"soft": jnp.mean(j_soft), "rounded": jnp.mean(j_round),
@@ -108,10 +115,10 @@ def make_train_step(cfg: TrainConfig):
 
     @eqx.filter_jit
     def step_fn(model, opt_state, key, step, pool):
-        case, features = sample_problems(key, cfg.batch_size, cfg.problem, pool)
+        case, features, info = sample_problems(key, cfg.batch_size, cfg.problem, pool)
         progress = step / max(cfg.steps - 1, 1)
         (loss, aux), grads = eqx.filter_value_and_grad(batch_loss, has_aux=True)(
-            model, case, features, progress, cfg.loss, cfg.problem.hard)
+            model, case, features, progress, cfg.loss, info.hard)
         aux = {**aux, "grad_norm": optax.tree.norm(grads)}
         updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
         return eqx.apply_updates(model, updates), opt_state, loss, aux
@@ -135,7 +142,7 @@ def train(cfg: TrainConfig, log: Callable[[dict], None] | None = None):
     start = time.perf_counter()
     k_model, k_pool, k_data = jax.random.split(jax.random.PRNGKey(cfg.seed), 3)
     model = init_model(cfg.model, k_model)
-    pool = make_pool(k_pool, cfg.problem) if cfg.problem.pool_fraction > 0 else None
+    pool = make_pool(k_pool, cfg.problem) if needs_pool(cfg.problem) else None
     opt_state = make_optimizer(cfg).init(eqx.filter(model, eqx.is_array))
     step_fn = make_train_step(dataclasses.replace(cfg, seed=0))  # compiled once per setup
     curve, window = [], []

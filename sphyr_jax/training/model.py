@@ -2,7 +2,13 @@
 
 :class:`DensityNet` maps one sample's features (channels, nely, nelx) (see
 :data:`sphyr_jax.training.problems.CHANNELS`) to logits (nely, nelx); a sigmoid
-turns them into densities, which callers use only on design cells.  Checkpoints
+turns them into densities, which callers use only on design cells.  By default
+it is exactly equivariant to the symmetries of the problem: every input is
+turned so its load points down (the canonical frame of the SPhyR generators),
+the conv net sees it and its left-right mirror image, and the averaged logits
+are turned back — so a grid turned or mirrored with its load direction gets
+the turned or mirrored completion, and the net only has to learn one
+orientation.  Checkpoints
 are the model's leaves (``eqx.tree_serialise_leaves``) plus its architecture as
 JSON, so a model loads without the training configuration.
 """
@@ -18,8 +24,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from sphyr_jax.symmetry import turn_planes, turn_vector
 from sphyr_jax.training.config import ModelConfig, model_config_from_dict
 from sphyr_jax.training.problems import CHANNELS
+
+_G_ROW, _G_COL = CHANNELS.index("gravity_row"), CHANNELS.index("gravity_col")
 
 WEIGHTS_FILE = "model.eqx"
 CONFIG_FILE = "model.json"
@@ -39,8 +48,12 @@ class DensityNet(eqx.Module):
     blocks: tuple
     mixers: tuple
     head: eqx.nn.Conv2d
+    canonical: bool = eqx.field(static=True, default=True)
+    mirror_average: bool = eqx.field(static=True, default=True)
 
     def __init__(self, config: ModelConfig, key):
+        self.canonical = config.canonical
+        self.mirror_average = config.mirror_average
         n = len(config.dilations)
         keys = jax.random.split(key, 2 * n + 2)
         w = config.width
@@ -54,13 +67,40 @@ class DensityNet(eqx.Module):
                                 (jnp.zeros_like(head.weight),
                                  jnp.full_like(head.bias, math.log(p / (1.0 - p)))))
 
-    def __call__(self, features: jax.Array) -> jax.Array:
-        """Logits (nely, nelx) of one sample's features (C, nely, nelx)."""
+    def net(self, features: jax.Array) -> jax.Array:
+        """Logits (nely, nelx) of the bare conv net (no symmetrisation) of (C, nely, nelx)."""
         h = self.stem(features)
         for conv, mix in zip(self.blocks, self.mixers, strict=True):
             g = mix(jnp.mean(h, axis=(1, 2)))
             h = h + conv(jax.nn.gelu(h + g[:, None, None]))
         return self.head(jax.nn.gelu(h))[0]
+
+    def __call__(self, features: jax.Array) -> jax.Array:
+        """Logits (nely, nelx) of one sample's features (C, nely, nelx).
+
+        With ``canonical``, the input is turned by -k quarter turns, k the turn
+        taking down to the axis direction nearest the load direction (on a
+        non-square grid only half turns: up -> down), its gravity channels set
+        to the turned direction, and the logits turned back by k.  With
+        ``mirror_average`` the logits of the (turned) input and of its
+        left-right mirror (gravity column negated) are averaged.
+        """
+        x = features
+        g = jnp.stack([features[_G_ROW, 0, 0], features[_G_COL, 0, 0]])
+        k = jnp.asarray(0)
+        if self.canonical:
+            if x.shape[-1] == x.shape[-2]:
+                k = jnp.argmax(jnp.stack([g[0], g[1], -g[0], -g[1]]))
+            else:
+                k = jnp.where(g[0] < 0, 2, 0)
+            x = turn_planes(x, -k)
+            g = turn_vector(g, -k)
+            x = x.at[_G_ROW].set(g[0]).at[_G_COL].set(g[1])
+        z = self.net(x)
+        if self.mirror_average:
+            xm = jnp.flip(x, axis=-1).at[_G_COL].set(-g[1])
+            z = 0.5 * (z + jnp.flip(self.net(xm), axis=-1))
+        return turn_planes(z, k) if self.canonical else z
 
 
 def init_model(config: ModelConfig, key) -> DensityNet:

@@ -1,10 +1,12 @@
 """Random SPhyR-like problems and model features (pure JAX, seeded by keys).
 
-A problem is a load run on the top edge, a support run on the bottom edge (as
-in SPhyR v1), a load direction, a mask of the kind the SPhyR variants use
-(full, random rows, random columns, random cells) and the densities of the
-known cells: empty, or a plausible design from a pool optimised by short SIMP
-runs.  :func:`build_problem` turns one into a
+A problem is drawn in the canonical frame of the SPhyR generators — a load run
+on the top edge, a support run on the bottom edge, gravity down — with the
+known cells empty or taken from a pool of plausible designs (short SIMP runs),
+masked like one of the eight SPhyR variants, in the easy (0/1) or hard (one
+decimal) format; it is then optionally mirrored left-right and turned by
+quarter turns with its load direction (:mod:`sphyr_jax.symmetry`), so every
+load direction and every edge occurs.  :func:`build_problem` turns one into a
 :class:`~sphyr_jax.loadcase.LoadCase` (design cells = masked non-L/S cells) and
 the model's input features; :func:`grid_features` computes the same features
 from a dataset's input grid.
@@ -20,10 +22,10 @@ import numpy as np
 from sphyr_jax import simp
 from sphyr_jax.grids import LOAD, MASK, SUPPORT, as_grid, check_rectangular, parse_number
 from sphyr_jax.loadcase import DEFAULT_GRAVITY, LoadCase, normalise_gravity
-from sphyr_jax.training.config import MASK_KINDS, ProblemConfig
+from sphyr_jax.symmetry import AXIS_DIRECTIONS, mirror_planes, turn_planes
+from sphyr_jax.training.config import MASK_VARIANTS, ProblemConfig
 
 CHANNELS = ("load", "support", "masked", "known", "gravity_row", "gravity_col")
-GRAVITIES = ((1.0, 0.0), (0.0, 1.0), (-1.0, 0.0), (0.0, -1.0))
 
 
 def _node_sum(cells: jax.Array) -> jax.Array:
@@ -86,9 +88,16 @@ def build_problem(load, support, gravity, known, masked) -> tuple[LoadCase, jax.
     return case, features
 
 
-def round_to_format(x: jax.Array, hard: bool) -> jax.Array:
-    """0/1 at threshold 0.5 (easy) or one decimal (hard), like the completions."""
-    return jnp.round(x * 10.0) / 10.0 if hard else (x >= 0.5).astype(x.dtype)
+def round_to_format(x: jax.Array, hard) -> jax.Array:
+    """0/1 at threshold 0.5 (easy) or one decimal (hard), like the completions.
+
+    Args:
+        x: (..., nely, nelx) densities.
+        hard: bool, or a bool array of x's leading (batch) shape: per-sample format.
+    """
+    hard = jnp.asarray(hard)
+    hard = hard.reshape(hard.shape + (1,) * (x.ndim - hard.ndim))
+    return jnp.where(hard, jnp.round(x * 10.0) / 10.0, (x >= 0.5).astype(x.dtype))
 
 
 def _run(key, n: int, lengths: tuple[int, int]) -> jax.Array:
@@ -106,76 +115,111 @@ def _pick_lines(key, eligible: jax.Array, count) -> jax.Array:
     return jnp.argsort(jnp.argsort(u)) < count
 
 
+def _draw(key, weights) -> jax.Array:
+    w = jnp.asarray(weights, jnp.float64)
+    return jax.random.choice(key, len(weights), p=w / jnp.sum(w))
+
+
 def sample_boundary(key, cfg: ProblemConfig):
-    """(load (nely, nelx) bool, support (nely, nelx) bool, gravity (2,)) of one problem."""
+    """Canonical-frame boundary conditions of one problem.
+
+    Returns:
+        (load (nely, nelx) bool: a run on the top row, support (nely, nelx)
+        bool: a run on the bottom row, gravity (2,): down).
+    """
     nely, nelx = cfg.shape
-    k1, k2, k3 = jax.random.split(key, 3)
+    k1, k2 = jax.random.split(key)
     rows = jnp.arange(nely)[:, None]
     load = (rows == 0) & _run(k1, nelx, cfg.load_run)[None, :]
     support = (rows == nely - 1) & _run(k2, nelx, cfg.support_run)[None, :]
-    if cfg.random_gravity:
-        gravity = jnp.asarray(GRAVITIES)[jax.random.randint(k3, (), 0, len(GRAVITIES))]
-    else:
-        gravity = jnp.asarray(DEFAULT_GRAVITY)
-    return load, support, gravity
+    return load, support, jnp.asarray(DEFAULT_GRAVITY, jnp.float64)
 
 
-def sample_mask_and_kind(key, cfg: ProblemConfig):
-    """A random SPhyR-style mask (nely, nelx) bool and its kind (index into ``MASK_KINDS``).
+def variant_mask(key, variant, shape: tuple[int, int]) -> jax.Array:
+    """The canonical-frame mask (nely, nelx) bool of a SPhyR variant (index into ``MASK_VARIANTS``).
 
-    The kind is drawn by ``mask_weights``: full (rows 1..nely-2), random inner
-    rows, random columns (L/S cells included) or random cells (drawn with
-    replacement, L/S cells included).
+    Drawn like :func:`sphyr_jax.convert.mask_grid`: ``<n>_random_cell`` = n
+    draws with replacement anywhere (L/S cells included), ``<n>_random_row`` =
+    n distinct rows among 1..nely-2, ``<n>_random_column`` = n distinct columns
+    (L/S included), ``full`` = rows 1..nely-2.
     """
-    nely, nelx = cfg.shape
-    ks = jax.random.split(key, 7)
-    weights = jnp.asarray(cfg.mask_weights, jnp.float64)
-    kind = jax.random.choice(ks[0], len(MASK_KINDS), p=weights / jnp.sum(weights))
+    nely, nelx = shape
+    kc, kr, kk = jax.random.split(key, 3)
     rows = jnp.arange(nely)
     inner = (rows >= 1) & (rows <= nely - 2)
-    n_rows = jax.random.choice(ks[1], jnp.asarray(cfg.row_counts))
-    n_cols = jax.random.choice(ks[2], jnp.asarray(cfg.column_counts))
-    n_cells = jax.random.choice(ks[3], jnp.asarray(cfg.cell_counts))
-    max_cells = max(cfg.cell_counts)
-    picks = jax.random.randint(ks[4], (max_cells,), 0, nely * nelx)
-    cells = jnp.zeros(nely * nelx, bool).at[picks].max(jnp.arange(max_cells) < n_cells)
-    full = (nely, nelx)
-    options = jnp.stack([
-        jnp.broadcast_to(inner[:, None], full),
-        jnp.broadcast_to(_pick_lines(ks[5], inner, n_rows)[:, None], full),
-        jnp.broadcast_to(_pick_lines(ks[6], jnp.ones(nelx, bool), n_cols)[None, :], full),
-        cells.reshape(full),
-    ])
-    return options[kind], kind
+    counts, options = [], []
+    max_cells = max(int(v.split("_")[0]) for v in MASK_VARIANTS if v.endswith("cell"))
+    picks = jax.random.randint(kc, (max_cells,), 0, nely * nelx)
+    row_pick = jax.random.uniform(kr, (nely,))
+    col_pick = jax.random.uniform(kk, (nelx,))
+    for name in MASK_VARIANTS:
+        if name == "full":
+            options.append(jnp.broadcast_to(inner[:, None], shape))
+            continue
+        n, kind = int(name.split("_")[0]), name.split("_")[-1]
+        counts.append(n)
+        if kind == "cell":
+            cells = jnp.zeros(nely * nelx, bool).at[picks].max(jnp.arange(max_cells) < n)
+            options.append(cells.reshape(shape))
+        elif kind == "row":
+            u = jnp.where(inner, row_pick, 2.0)
+            options.append(jnp.broadcast_to((jnp.argsort(jnp.argsort(u)) < n)[:, None], shape))
+        else:
+            options.append(jnp.broadcast_to((jnp.argsort(jnp.argsort(col_pick)) < n)[None, :],
+                                            shape))
+    return jnp.stack(options)[variant]
+
+
+def sample_mask_and_variant(key, cfg: ProblemConfig):
+    """A canonical-frame mask (nely, nelx) bool and its variant (index into ``MASK_VARIANTS``),
+    drawn by ``variant_weights``; see :func:`variant_mask`."""
+    k1, k2 = jax.random.split(key)
+    variant = _draw(k1, cfg.variant_weights)
+    return variant_mask(k2, variant, cfg.shape), variant
 
 
 def sample_mask(key, cfg: ProblemConfig) -> jax.Array:
-    """A random SPhyR-style mask (nely, nelx) bool; see :func:`sample_mask_and_kind`."""
-    return sample_mask_and_kind(key, cfg)[0]
+    """A random canonical SPhyR mask (nely, nelx) bool; see :func:`sample_mask_and_variant`."""
+    return sample_mask_and_variant(key, cfg)[0]
+
+
+class ProblemInfo(eqx.Module):
+    """What was drawn for a problem (batched like the problems).
+
+    Attributes:
+        variant: index into ``MASK_VARIANTS``.
+        hard: one-decimal format (else 0/1).
+        direction: load direction, index into ``DIRECTION_NAMES`` (= the
+            counter-clockwise quarter turns applied to the canonical frame).
+        mirrored: mirrored left-right in the canonical frame.
+    """
+
+    variant: jax.Array
+    hard: jax.Array
+    direction: jax.Array
+    mirrored: jax.Array
 
 
 class Pool(eqx.Module):
-    """Plausible designs whose known cells training problems show (batch-first).
+    """Plausible canonical-frame designs whose known cells training problems show.
 
     Attributes:
         load, support: (P, nely, nelx) bool.
-        gravity: (P, 2).
-        densities: (P, nely, nelx) rounded designs (L/S solid).
+        densities: (P, nely, nelx) SIMP densities (L/S solid), rounded to each
+            problem's format when used.
     """
 
     load: jax.Array
     support: jax.Array
-    gravity: jax.Array
     densities: jax.Array
 
 
 def make_pool(key, cfg: ProblemConfig) -> Pool:
-    """Optimise ``pool_size`` random problems with short SIMP runs, then round them.
+    """Optimise ``pool_size`` random canonical problems with short SIMP runs.
 
     Each problem gets a random budget in ``pool_volume`` with every non-L/S cell
-    a design cell; the densities are rounded like completions: one decimal
-    (hard) or 0/1 at threshold 0.5 (easy; about 98 % of these designs still
-    carry the load).
+    a design cell.  Rounded like completions (0/1 at 0.5, or one decimal) about
+    98 % of these designs still carry the load.
     """
     kb, kv = jax.random.split(key)
     load, support, gravity = jax.vmap(lambda k: sample_boundary(k, cfg))(
@@ -187,33 +231,54 @@ def make_pool(key, cfg: ProblemConfig) -> Pool:
                             maxval=cfg.pool_volume[1])
     case = eqx.tree_at(lambda c: c.volume_fraction, case, vf)
     res = simp.optimize(case, 3.0, options=simp.SimpOptions(max_iterations=cfg.pool_iterations))
-    rho = jnp.where(case.design_mask, round_to_format(res.densities, cfg.hard), 1.0)
-    return Pool(load=load, support=support, gravity=gravity, densities=rho)
+    rho = jnp.where(case.design_mask, res.densities, 1.0)
+    return Pool(load=load, support=support, densities=rho)
 
 
 def sample_problem(key, cfg: ProblemConfig, pool: Pool | None = None):
-    """One random problem: (LoadCase, features); see :func:`build_problem`.
+    """One random problem: (LoadCase, features, :class:`ProblemInfo`).
 
-    Full masks always get fresh boundary conditions and empty known cells (as
-    in SPhyR, whose first and last rows hold little but L/S); other masks take
-    a pool design (its BCs and densities) with probability ``pool_fraction``.
+    Canonical boundary conditions and known cells (with a pool: a pool design
+    rounded to the drawn format for every partial mask and for a share
+    ``pool_fraction`` of the full masks; else fresh runs and empty cells),
+    a mask variant, a format, then a left-right mirror (``mirror_fraction``)
+    and the quarter turns of the drawn load direction, applied to the load,
+    support, known and masked cells alike; see :func:`build_problem`.
     """
-    k1, k2, k3, k4 = jax.random.split(key, 4)
-    masked, kind = sample_mask_and_kind(k2, cfg)
-    load, support, gravity = sample_boundary(k1, cfg)
+    ks = jax.random.split(key, 7)
+    masked, variant = sample_mask_and_variant(ks[0], cfg)
+    load, support, _ = sample_boundary(ks[1], cfg)
+    hard = jax.random.uniform(ks[2]) < cfg.hard_fraction
     known = jnp.zeros(cfg.shape)
-    if pool is not None and cfg.pool_fraction > 0:
-        i = jax.random.randint(k3, (), 0, pool.load.shape[0])
-        use = (jax.random.uniform(k4) < cfg.pool_fraction) & (kind != MASK_KINDS.index("full"))
+    if pool is not None:
+        i = jax.random.randint(ks[3], (), 0, pool.load.shape[0])
+        full = variant == MASK_VARIANTS.index("full")
+        use = ~full | (jax.random.uniform(ks[4]) < cfg.pool_fraction)
         load = jnp.where(use, pool.load[i], load)
         support = jnp.where(use, pool.support[i], support)
-        gravity = jnp.where(use, pool.gravity[i], gravity)
-        known = jnp.where(use, pool.densities[i], known)
-    return build_problem(load, support, gravity, known, masked)
+        known = jnp.where(use, round_to_format(pool.densities[i], hard), known)
+    mirrored = jax.random.uniform(ks[5]) < cfg.mirror_fraction
+    direction = _draw(ks[6], cfg.direction_weights)
+    planes = jnp.stack([load, support, masked, known]).astype(jnp.float64)
+    planes = turn_planes(mirror_planes(planes, mirrored), direction)
+    load, support, masked = (planes[i] > 0.5 for i in range(3))
+    known = planes[3]
+    gravity = jnp.asarray(AXIS_DIRECTIONS, jnp.float64)[direction]
+    case, features = build_problem(load, support, gravity, known, masked)
+    info = ProblemInfo(variant=variant, hard=hard, direction=direction, mirrored=mirrored)
+    return case, features, info
+
+
+def needs_pool(cfg: ProblemConfig) -> bool:
+    """Whether problems of ``cfg`` show pool designs (partial masks drawn, or ``pool_fraction``)."""
+    partial = any(w > 0 for v, w in zip(MASK_VARIANTS, cfg.variant_weights, strict=True)
+                  if v != "full")
+    return partial or cfg.pool_fraction > 0
 
 
 def sample_problems(key, batch_size: int, cfg: ProblemConfig, pool: Pool | None = None):
-    """A batch of random problems: (LoadCase with leading axis B, features (B, C, H, W))."""
+    """A batch of random problems: (LoadCase with leading axis B, features (B, C, H, W),
+    :class:`ProblemInfo` of (B,) arrays)."""
     return jax.vmap(lambda k: sample_problem(k, cfg, pool))(jax.random.split(key, batch_size))
 
 
