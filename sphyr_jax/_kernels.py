@@ -27,7 +27,11 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 from sphyr_jax import _banded
+from sphyr_jax import multigrid as mg
+from sphyr_jax import structured as st
 from sphyr_jax.mesh import Mesh, get_mesh
+
+KINDS = ("banded", "dense", "cg", "multigrid")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +39,13 @@ class Solver:
     """Static choice of linear solver.
 
     Attributes:
-        kind: ``"banded"``, ``"dense"`` or ``"cg"``.
-        tol: relative residual at which CG stops.
-        max_iter: CG iteration bound (default: 4 x number of DOFs).
+        kind: ``"banded"``, ``"dense"``, ``"cg"`` (Jacobi preconditioner) or
+            ``"multigrid"`` (geometric-multigrid-preconditioned CG,
+            :mod:`sphyr_jax.multigrid`).  On 3D grids ``"banded"`` means
+            ``"multigrid"`` (a band of a 3D grid is far too wide).
+        tol: relative residual at which the CG solvers stop.
+        max_iter: CG iteration bound (default: 4 x number of DOFs for Jacobi,
+            200 for multigrid).
         chunk: samples per chunk of the batch (None: backend default, 0: no chunking).
         block: columns per step of the banded factorisation.
     """
@@ -49,8 +57,8 @@ class Solver:
     block: int = 4
 
     def __post_init__(self):
-        if self.kind not in ("banded", "dense", "cg"):
-            raise ValueError(f"unknown solver {self.kind!r}: use 'banded', 'dense' or 'cg'")
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown solver {self.kind!r}: use one of {KINDS}")
 
 
 def as_solver(solver) -> Solver:
@@ -153,17 +161,20 @@ def chunked(fn, chunk: int, *arrays):
 # Solvers (batch-last, any batch size).
 
 
-def pcg(mesh: Mesh, solver: Solver, moduli, free, rhs):
+def pcg(op, solver: Solver, moduli, free, rhs):
     """Jacobi-preconditioned CG in lockstep over the batch; bounded iterations.
+
+    Args:
+        op: the :class:`Kernels` of the grid (its ``matvec`` and ``diagonal``).
 
     Returns:
         (x (n, B), converged (B,), iterations (B,)); a system whose relative
         residual did not reach ``solver.tol`` within ``max_iter`` iterations is
         reported as not converged (its iterate is returned as it stands).
     """
-    max_iter = solver.max_iter or 4 * mesh.n_dofs
+    max_iter = solver.max_iter or 4 * rhs.shape[0]
     bnorm = jnp.sqrt(jnp.sum(rhs * rhs, axis=0))
-    inv_d = 1.0 / diagonal(mesh, moduli, free)
+    inv_d = 1.0 / op.diagonal(moduli, free)
     z0 = inv_d * rhs
 
     def cond(state):
@@ -172,7 +183,7 @@ def pcg(mesh: Mesh, solver: Solver, moduli, free, rhs):
 
     def body(state):
         x, r, z, p, rz, it, its, done = state
-        ap = matvec(mesh, moduli, free, p)
+        ap = op.matvec(moduli, free, p)
         pap = jnp.sum(p * ap, axis=0)
         alpha = jnp.where(done, 0.0, rz / jnp.where(pap == 0.0, 1.0, pap))
         x = x + alpha * p
@@ -195,22 +206,24 @@ def pcg(mesh: Mesh, solver: Solver, moduli, free, rhs):
     return x, converged, its
 
 
-def _factor_impl(mesh: Mesh, solver: Solver, moduli, free):
+def _factor_impl(op, moduli, free):
     """The solver's reusable data: banded factor, dense Cholesky or CG operator."""
-    if solver.kind == "banded":
-        return _banded.factor(mesh, _banded.row_band(mesh, moduli, free))
-    if solver.kind == "dense":
-        return jnp.moveaxis(jnp.linalg.cholesky(dense_matrix(mesh, moduli, free)), 0, -1)
+    if op.kind == "banded":
+        return _banded.factor(op.mesh, _banded.row_band(op.mesh, moduli, free))
+    if op.kind == "dense":
+        return jnp.moveaxis(jnp.linalg.cholesky(dense_matrix(op.mesh, moduli, free)), 0, -1)
     return moduli, free
 
 
-def _apply_impl(mesh: Mesh, solver: Solver, fac, rhs):
+def _apply_impl(op, fac, rhs):
     """Solve with :func:`_factor_impl`'s data: (x, converged, iterations)."""
     nb = rhs.shape[-1]
-    if solver.kind == "cg":
-        return pcg(mesh, solver, fac[0], fac[1], rhs)
-    if solver.kind == "banded":
-        x = _banded.solve(mesh, fac, rhs)
+    if op.kind == "cg":
+        return pcg(op, op.solver, fac[0], fac[1], rhs)
+    if op.kind == "multigrid":
+        return mg.pcg(op.mg_options, fac[0], fac[1], rhs)
+    if op.kind == "banded":
+        x = _banded.solve(op.mesh, fac, rhs)
     else:
         chol = jnp.moveaxis(fac, -1, 0)
         x = jnp.moveaxis(jax.scipy.linalg.cho_solve((chol, True), jnp.moveaxis(rhs, -1, 0)[
@@ -246,27 +259,42 @@ def _batch_last_vmap(kernel):
 class Kernels:
     """The batch-last kernels of one (grid shape, solver), built once.
 
+    2D grids use the gather-free Q4 operators of this module (and the banded
+    factorisation); any other dimension uses :mod:`sphyr_jax.structured`
+    (H8 elements in 3D) with the multigrid-preconditioned CG.
+
     Attributes:
-        mesh: the grid's static structures.
+        kind: the solver actually used (``"banded"`` on a 3D grid becomes
+            ``"multigrid"``).
         factor: ``(moduli, free) -> data`` reusable solver data.
         apply: ``(data, rhs) -> (x, converged, iterations)``.
         factor_solve: ``(moduli, free, rhs) -> (x, converged, iterations)``,
             fused (no factor kept: cheapest when it is used once).
     """
 
-    def __init__(self, shape: tuple[int, int], solver: Solver):
-        self.mesh = mesh = get_mesh(*shape, block=solver.block)
+    def __init__(self, shape: tuple[int, ...], solver: Solver):
+        self.shape = shape = tuple(shape)
         self.solver = solver
+        self.ndim = len(shape)
+        kind = solver.kind
+        if self.ndim != 2 and kind == "banded":
+            kind = "multigrid"
+        if self.ndim != 2 and kind == "dense":
+            raise ValueError("the dense solver is for 2D grids; use 'multigrid' or 'cg' in 3D")
+        self.kind = kind
+        self.grid = st.get_grid(shape)
+        self.mesh = get_mesh(*shape, block=solver.block) if self.ndim == 2 else None
+        self.mg_options = mg.MGOptions(tol=solver.tol, max_iter=solver.max_iter or 200)
         chunk = default_chunk(solver)
 
         def factor(moduli, free):
-            return chunked(functools.partial(_factor_impl, mesh, solver), chunk, moduli, free)
+            return chunked(functools.partial(_factor_impl, self), chunk, moduli, free)
 
         def apply(fac, rhs):
-            return chunked(functools.partial(_apply_impl, mesh, solver), chunk, fac, rhs)
+            return chunked(functools.partial(_apply_impl, self), chunk, fac, rhs)
 
         def fused(moduli, free, rhs):
-            return _apply_impl(mesh, solver, _factor_impl(mesh, solver, moduli, free), rhs)
+            return _apply_impl(self, _factor_impl(self, moduli, free), rhs)
 
         def factor_solve(moduli, free, rhs):
             return chunked(fused, chunk, moduli, free, rhs)
@@ -275,8 +303,26 @@ class Kernels:
         self.apply = _batch_last_vmap(apply)
         self.factor_solve = _batch_last_vmap(factor_solve)
 
+    def matvec(self, moduli, free, x):
+        """$\\tilde K x$ (batch-last)."""
+        if self.mesh is not None:
+            return matvec(self.mesh, moduli, free, x)
+        return st.matvec(self.grid, moduli, free, x)
+
+    def diagonal(self, moduli, free):
+        """Diagonal of $\\tilde K$ (n, B)."""
+        if self.mesh is not None:
+            return diagonal(self.mesh, moduli, free)
+        return st.diagonal(self.grid, moduli, free)
+
+    def energy(self, a, b):
+        """Unit-modulus element energies $a_e^T K_e b_e$, (*cells, B)."""
+        if self.mesh is not None:
+            return element_energy(self.mesh, a, b)
+        return st.element_energy(self.grid, a, b)
+
 
 @functools.lru_cache(maxsize=64)
-def kernels(shape: tuple[int, int], solver: Solver) -> Kernels:
+def kernels(shape: tuple[int, ...], solver: Solver) -> Kernels:
     """Cached :class:`Kernels` (one set per grid shape and solver per process)."""
     return Kernels(tuple(shape), solver)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sphyr_jax import _kernels
-from sphyr_jax._kernels import Solver, as_solver, default_chunk, element_energy
+from sphyr_jax._kernels import Solver, as_solver, default_chunk
 from sphyr_jax.loadcase import LoadCase
 from sphyr_jax.mesh import E0, EMIN, get_mesh
 from sphyr_jax.runtime import enable_x64, require_x64
@@ -93,7 +93,6 @@ def linear_solve(k: _kernels.Kernels, moduli, free, rhs, reuse_factor: bool = Tr
     Returns:
         (x (n, B), converged (B,), iterations (B,)).
     """
-    mesh = k.mesh
     m0 = jax.lax.stop_gradient(moduli)
     free = jax.lax.stop_gradient(free)
     if reuse_factor:
@@ -107,8 +106,7 @@ def linear_solve(k: _kernels.Kernels, moduli, free, rhs, reuse_factor: bool = Tr
             return _checked(k.factor_solve(m0, free, b))
 
     x, (conv, its) = jax.lax.custom_linear_solve(
-        lambda v: _kernels.matvec(mesh, moduli, free, v), rhs, solve_fn, symmetric=True,
-        has_aux=True)
+        lambda v: k.matvec(moduli, free, v), rhs, solve_fn, symmetric=True, has_aux=True)
     return x, conv, its
 
 
@@ -133,7 +131,8 @@ def _compliance_rule(shape: tuple[int, int], solver: Solver):
         moduli, f, free = primals
         dm, df, _ = tangents
         u, _, _ = linear_solve(k, moduli, free, f, reuse_factor=False)
-        dc = (-jnp.sum(dm * element_energy(k.mesh, u, u), axis=(0, 1))
+        cells = tuple(range(k.ndim))
+        dc = (-jnp.sum(dm * k.energy(u, u), axis=cells)
               + 2.0 * jnp.sum(df * u, axis=0))
         return jnp.sum(f * u, axis=0), dc
 
@@ -144,15 +143,23 @@ def _compliance_rule(shape: tuple[int, int], solver: Solver):
 # Public, batch-first API.
 
 
-def _flatten_batch(load_case: LoadCase, densities: jax.Array):
-    shape = load_case.shape
-    if densities.shape[-2:] != shape:
+def _grid_axes(load_case: LoadCase) -> tuple[int, ...]:
+    return tuple(range(-load_case.ndim, 0))
+
+
+def _check_shape(load_case: LoadCase, densities) -> None:
+    shape, d = load_case.shape, load_case.ndim
+    if tuple(np.shape(densities)[-d:]) != shape:
         raise ValueError(
-            f"densities have grid shape {densities.shape[-2:]}, load case has {shape}"
-        )
-    batch = tuple(jnp.broadcast_shapes(load_case.batch_shape, densities.shape[:-2]))
+            f"densities have grid shape {tuple(np.shape(densities)[-d:])}, load case has {shape}")
+
+
+def _flatten_batch(load_case: LoadCase, densities: jax.Array):
+    shape, d = load_case.shape, load_case.ndim
+    _check_shape(load_case, densities)
+    batch = tuple(jnp.broadcast_shapes(load_case.batch_shape, densities.shape[:-d]))
     nb = math.prod(batch)
-    n = 2 * (shape[0] + 1) * (shape[1] + 1)
+    n = d * math.prod(s + 1 for s in shape)
     rho = jnp.broadcast_to(densities, batch + shape).reshape((nb,) + shape)
     force = jnp.broadcast_to(load_case.force, batch + (n,)).reshape(nb, n)
     free = jnp.broadcast_to(load_case.free_dofs, batch + (n,)).reshape(nb, n)
@@ -185,7 +192,7 @@ def _prepare(load_case: LoadCase, densities, penal):
     value nor its gradient can turn into NaN; its compliance is reported inf.
 
     Returns:
-        (batch shape, moduli (nely, nelx, B), force (n, B), free (n, B) floats,
+        (batch shape, moduli (*cells, B), force (n, B), free (n, B) floats,
         ok (B,): the design is well posed, posed (B,): the load case is).
     """
     densities = jnp.asarray(densities, dtype=jnp.float64)
@@ -193,12 +200,13 @@ def _prepare(load_case: LoadCase, densities, penal):
     force = jnp.asarray(force, jnp.float64)
     has_load = jnp.any(force != 0.0, axis=-1)
     has_support = jnp.any(~jnp.asarray(free, bool), axis=-1)
-    finite_rho = jnp.all(jnp.isfinite(rho), axis=(-2, -1))
+    finite_rho = jnp.all(jnp.isfinite(rho), axis=_grid_axes(load_case))
     posed = has_load & has_support  # a property of the load case alone
     ok = posed & finite_rho
-    safe_rho = jnp.where(ok[:, None, None], rho, 1.0)
+    safe_rho = jnp.where(ok.reshape((-1,) + (1,) * load_case.ndim), rho, 1.0)
     safe_free = jnp.where(posed[:, None], jnp.asarray(free, bool), False)
-    penal = jnp.broadcast_to(jnp.asarray(penal, jnp.float64), batch).reshape(-1, 1, 1)
+    penal = jnp.broadcast_to(jnp.asarray(penal, jnp.float64), batch).reshape(
+        (-1,) + (1,) * load_case.ndim)
     moduli = simp_moduli(safe_rho, penal)
     return (batch, jnp.moveaxis(moduli, 0, -1), force.T,
             safe_free.T.astype(jnp.float64), ok, posed)
@@ -268,7 +276,7 @@ def _analyze_impl(load_case, densities, penal, solver) -> Analysis:
         iterations=jnp.zeros(batch, jnp.int32),
     )
     solid = _finalise(c_both[nb:], posed).reshape(batch)
-    u = sol.displacements.reshape(sol.displacements.shape[:-1] + (-1, 2))
+    u = sol.displacements.reshape(sol.displacements.shape[:-1] + (-1, load_case.ndim))
     max_disp = jnp.max(jnp.sqrt(jnp.sum(u * u, axis=-1)), axis=-1)
     carrying = (
         jnp.isfinite(sol.compliance)
@@ -276,7 +284,7 @@ def _analyze_impl(load_case, densities, penal, solver) -> Analysis:
         & (sol.compliance <= SINGULARITY_RATIO * solid)
     )
     rho = jnp.clip(jnp.where(jnp.isfinite(densities), densities, 0.0), 0.0, 1.0)
-    vf = jnp.broadcast_to(jnp.mean(rho, axis=(-2, -1)), sol.compliance.shape)
+    vf = jnp.broadcast_to(jnp.mean(rho, axis=_grid_axes(load_case)), sol.compliance.shape)
     return Analysis(
         compliance=sol.compliance,
         volume_fraction=vf,
@@ -312,10 +320,9 @@ def _call(name: str, load_case: LoadCase, densities, penal, solver):
     densities = np.asarray(densities, np.float64)
     penal = np.asarray(penal, np.float64)
     shape = load_case.shape
-    if densities.shape[-2:] != shape:
-        raise ValueError(
-            f"densities have grid shape {densities.shape[-2:]}, load case has {shape}")
-    batch = np.broadcast_shapes(load_case.batch_shape, densities.shape[:-2], penal.shape)
+    _check_shape(load_case, densities)
+    batch = np.broadcast_shapes(load_case.batch_shape, densities.shape[:-load_case.ndim],
+                                penal.shape)
     if not batch:
         return fn(load_case, densities, penal, solver=solver)
     nb = math.prod(batch)
@@ -329,7 +336,10 @@ def _call(name: str, load_case: LoadCase, densities, penal, solver):
     case = jax.tree.map(lambda a: flat(a, np.shape(a)[len(load_case.batch_shape):]),
                         load_case)
     out = fn(case, flat(densities, shape), flat(penal, ()), solver=solver)
-    return jax.tree.map(lambda a: a[:nb].reshape(batch + a.shape[1:]), out)
+    # Unpad on the host: an eager slice would compile once per batch size.
+    # (jax.device_put, not jnp.asarray: the latter stages a program per shape.)
+    return jax.tree.map(
+        lambda a: jax.device_put(np.asarray(a)[:nb].reshape(batch + a.shape[1:])), out)
 
 
 def solve(load_case: LoadCase, densities, penal=3.0, solver="banded") -> Solution:
@@ -381,30 +391,29 @@ def analyze(load_case: LoadCase, densities, penal=3.0, solver="banded") -> Analy
 
 @jax.jit
 def _strain_energy(load_case: LoadCase, displacements):
-    mesh = get_mesh(*load_case.shape)
+    k = _kernels.kernels(load_case.shape, Solver())
     batch = displacements.shape[:-1]
-    u = displacements.reshape((-1, mesh.n_dofs)).T
-    e = element_energy(mesh, u, u)
+    u = jnp.asarray(displacements, jnp.float64).reshape((-1, k.grid.n_dofs)).T
+    e = k.energy(u, u)
     return jnp.moveaxis(e, -1, 0).reshape(batch + load_case.shape)
 
 
 def element_strain_energy(load_case: LoadCase, displacements: jax.Array) -> jax.Array:
-    """Unit-modulus element energies $u_e^T K_e u_e$, (..., nely, nelx)."""
-    return _strain_energy(load_case, jnp.asarray(displacements, jnp.float64))
+    """Unit-modulus element energies $u_e^T K_e u_e$, (..., *cells)."""
+    return _strain_energy(load_case, displacements)
 
 
 @jax.jit
 def _dense_stiffness(free_dofs, densities, penal):
     mesh = get_mesh(*densities.shape)
-    moduli = simp_moduli(densities, penal)[..., None]
+    moduli = simp_moduli(jnp.asarray(densities, jnp.float64), penal)[..., None]
     return _kernels.dense_matrix(mesh, moduli, free_dofs.astype(jnp.float64)[:, None])[0]
 
 
 def dense_stiffness(load_case: LoadCase, densities, penal=3.0) -> np.ndarray:
     """Masked dense stiffness matrix of one sample (for inspection and tests)."""
-    return np.asarray(_dense_stiffness(jnp.asarray(load_case.free_dofs),
-                                       jnp.asarray(densities, jnp.float64),
-                                       jnp.asarray(penal, jnp.float64)))
+    return np.asarray(_dense_stiffness(load_case.free_dofs, np.asarray(densities, np.float64),
+                                       np.float64(penal)))
 
 
 # Kept for modules that chunk their own batch-last work.
