@@ -65,26 +65,41 @@ DEFAULT_OPTIONS = SimpOptions()
 
 
 @functools.lru_cache(maxsize=32)
-def filter_matrix(nely: int, nelx: int, radius: float = DEFAULT_FILTER_RADIUS) -> np.ndarray:
-    """Dense cone filter weights $H_{ij} = \\max(0, r - d_{ij})$, (nel, nel)."""
-    rows, cols = np.divmod(np.arange(nely * nelx), nelx)
-    dist = np.hypot(rows[:, None] - rows[None, :], cols[:, None] - cols[None, :])
-    return np.maximum(0.0, radius - dist)
+def cell_distances(cells: tuple[int, ...]) -> np.ndarray:
+    """Centre-to-centre distances (nel, nel) of the cells of a 2D or 3D grid (row-major)."""
+    coords = np.stack(np.unravel_index(np.arange(int(np.prod(cells))), cells), axis=1)
+    return np.sqrt(np.sum((coords[:, None] - coords[None, :]) ** 2, axis=-1))
 
 
-def apply_filter(x: jax.Array, radius: float = DEFAULT_FILTER_RADIUS) -> jax.Array:
-    """Cone-filter designs (..., nely, nelx): $\\tilde x = H x / (H \\mathbf{1})$."""
-    shape = x.shape[-2:]
-    h = jnp.asarray(filter_matrix(*shape, radius))
-    flat = x.reshape(x.shape[:-2] + (-1,))
+def filter_matrix(*cells_and_radius) -> np.ndarray:
+    """Dense cone filter weights $H_{ij} = \\max(0, r - d_{ij})$, (nel, nel).
+
+    Called as ``filter_matrix(nely, nelx[, radius])`` or, for any dimension,
+    ``filter_matrix((nz, ny, nx), radius)``.  Radius 1.2 (the default) keeps a
+    cell and its edge (2D) or face (3D) neighbours.
+    """
+    if isinstance(cells_and_radius[0], tuple):
+        cells, rest = cells_and_radius[0], cells_and_radius[1:]
+    else:
+        cells, rest = tuple(cells_and_radius[:2]), cells_and_radius[2:]
+    radius = rest[0] if rest else DEFAULT_FILTER_RADIUS
+    return np.maximum(0.0, radius - cell_distances(tuple(int(n) for n in cells)))
+
+
+def apply_filter(x: jax.Array, radius: float = DEFAULT_FILTER_RADIUS, ndim: int = 2
+                 ) -> jax.Array:
+    """Cone-filter designs (..., *cells): $\\tilde x = H x / (H \\mathbf{1})$."""
+    shape = x.shape[-ndim:]
+    h = jnp.asarray(filter_matrix(tuple(shape), radius))
+    flat = x.reshape(x.shape[:-ndim] + (-1,))
     out = flat @ h.T / jnp.sum(h, axis=1)
     return out.reshape(x.shape)
 
 
-def physical_densities(x, design_mask, pinned, radius=DEFAULT_FILTER_RADIUS):
+def physical_densities(x, design_mask, pinned, radius=DEFAULT_FILTER_RADIUS, ndim: int = 2):
     """Filtered design on design cells, pinned densities everywhere else."""
     full = jnp.where(design_mask, x, pinned)
-    return jnp.where(design_mask, apply_filter(full, radius), pinned)
+    return jnp.where(design_mask, apply_filter(full, radius, ndim), pinned)
 
 
 def budget_split(design_mask, pinned, volume_fraction):
@@ -93,9 +108,11 @@ def budget_split(design_mask, pinned, volume_fraction):
     The pinned material is paid first: $V_{free} = \\min(\\max(vf\\,n - V_{pinned},
     0), n_{design})$ and the target is $V_{pinned} + V_{free}$.
     """
-    nel = design_mask.shape[-1] * design_mask.shape[-2]
-    pinned_volume = jnp.sum(jnp.where(design_mask, 0.0, pinned), axis=(-2, -1))
-    n_design = jnp.sum(design_mask, axis=(-2, -1))
+    # The budget carries the batch shape, so the grid axes are the rest.
+    axes = tuple(range(jnp.ndim(volume_fraction) - jnp.ndim(design_mask), 0))
+    nel = int(np.prod(jnp.shape(design_mask)[len(jnp.shape(design_mask)) + axes[0]:]))
+    pinned_volume = jnp.sum(jnp.where(design_mask, 0.0, pinned), axis=axes)
+    n_design = jnp.sum(design_mask, axis=axes)
     free_budget = jnp.clip(volume_fraction * nel - pinned_volume, 0.0, n_design)
     return pinned_volume + free_budget, free_budget
 
@@ -104,8 +121,9 @@ def initial_design(load_case: LoadCase, warm_start=None):
     """Uniform budget on design cells (cold) or a clipped warm start."""
     _, free_budget = budget_split(load_case.design_mask, load_case.pinned,
                                   load_case.volume_fraction)
-    n_design = jnp.maximum(jnp.sum(load_case.design_mask, axis=(-2, -1)), 1)
-    uniform = (free_budget / n_design)[..., None, None]
+    axes = tuple(range(-load_case.ndim, 0))
+    n_design = jnp.maximum(jnp.sum(load_case.design_mask, axis=axes), 1)
+    uniform = (free_budget / n_design).reshape(jnp.shape(n_design) + (1,) * load_case.ndim)
     start = uniform if warm_start is None else jnp.clip(warm_start, 1e-3, 1.0)
     return jnp.where(load_case.design_mask, start, load_case.pinned)
 
@@ -178,8 +196,8 @@ class SimpResult(eqx.Module):
     converged: jax.Array
 
 
-def _flat(a):
-    return a.reshape(a.shape[:-2] + (-1,))
+def _flat(a, ndim: int = 2):
+    return a.reshape(a.shape[:-ndim] + (-1,))
 
 
 def _value_and_grad(compliance_fn, x):
@@ -220,8 +238,8 @@ class _Problem(eqx.Module):
 
 
 def _problem(load_case: LoadCase, h, hs) -> _Problem:
-    mask = _flat(jnp.asarray(load_case.design_mask, bool))
-    pinned = _flat(jnp.asarray(load_case.pinned, jnp.float64))
+    mask = _flat(jnp.asarray(load_case.design_mask, bool), load_case.ndim)
+    pinned = _flat(jnp.asarray(load_case.pinned, jnp.float64), load_case.ndim)
     target, _ = budget_split(load_case.design_mask, load_case.pinned, load_case.volume_fraction)
     # Volume of the physical design = sum_j dv_j x_j (design cells) + const.
     weights = jnp.einsum("bi,bij->bj", mask / hs, h)  # sum over design rows i of H_ij / hs_i
@@ -237,8 +255,7 @@ def _problem(load_case: LoadCase, h, hs) -> _Problem:
 
 def _filter_arrays(shape, radius):
     """Per-run cone filters (B, nel, nel) and row sums (B, nel) for radii (B,)."""
-    rows, cols = np.divmod(np.arange(shape[0] * shape[1]), shape[1])
-    dist = np.hypot(rows[:, None] - rows[None, :], cols[:, None] - cols[None, :])
+    dist = cell_distances(tuple(shape))
     h = jnp.maximum(0.0, jnp.asarray(radius, jnp.float64)[:, None, None] - dist[None])
     return h, jnp.sum(h, axis=2)
 
@@ -255,7 +272,7 @@ def _radius(radius, options: SimpOptions, nb: int):
 
 def init_state(load_case: LoadCase, x0=None) -> SimpState:
     """Start of a batch of runs: cold (uniform budget) or warm from ``x0``."""
-    x = _flat(initial_design(load_case, x0))
+    x = _flat(initial_design(load_case, x0), load_case.ndim)
     nb = x.shape[0]
     return SimpState(
         x=x,
@@ -325,7 +342,7 @@ def finish(load_case: LoadCase, penal, state: SimpState, options: SimpOptions,
         densities=rho,
         design=state.x.reshape((nb,) + shape),
         compliance=c,
-        volume_fraction=jnp.mean(rho, axis=(-2, -1)),
+        volume_fraction=jnp.mean(rho, axis=tuple(range(-load_case.ndim, 0))),
         iterations=state.iterations,
         converged=state.change < options.tol,
     )
