@@ -74,17 +74,48 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def _layers(grid_or_densities):
-    """(densities, load, support, masked) arrays of a grid or density array."""
+def _layers(grid_or_densities, ndim: int | None = None):
+    """(densities, load, support, masked) arrays of a grid or density array (2D or 3D)."""
     if hasattr(grid_or_densities, "shape") and hasattr(grid_or_densities, "dtype"):
         rho = np.asarray(grid_or_densities, dtype=np.float64)
-        if rho.ndim != 2:
-            raise ValueError(f"densities must be 2-D, got shape {rho.shape}")
+        if rho.ndim not in (2, 3):
+            raise ValueError(f"densities must be 2-D or 3-D, got shape {rho.shape}")
         empty = np.zeros(rho.shape, bool)
         return rho, empty, empty, empty
-    tokens = as_grid(grid_or_densities)
+    tokens = as_grid(grid_or_densities, ndim) if ndim else as_grid(grid_or_densities)
     check_rectangular(tokens)
     return (densities_from_grid(tokens)[0],) + token_masks(tokens)
+
+
+def plot_layers(grid_or_densities, title=None, columns: int = 5, ndim: int | None = None):
+    """A 3D grid as its layers side by side, layer 0 (the top) first.
+
+    Each panel is :func:`plot_grid` of one layer (rows and columns as printed),
+    with its ``L``/``S``/``V`` cells marked.
+
+    Args:
+        grid_or_densities: 3D grid text (``ndim=3``) or nested token lists
+            [layer][row][column], or an (nz, ny, nx) array.
+        title: figure title.
+        columns: panels per row of the figure.
+    """
+    rho, load, support, masked = _layers(grid_or_densities, ndim or 3)
+    if rho.ndim != 3:
+        raise ValueError(f"plot_layers needs a 3-D grid, got shape {rho.shape}")
+    nz = rho.shape[0]
+    cols = max(1, min(columns, nz))
+    rows = -(-nz // cols)
+    fig = _new_figure((2.2 * cols, 2.3 * rows + (0.4 if title else 0.0)))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for k, ax in enumerate(axes.ravel()):
+        if k >= nz:
+            ax.set_axis_off()
+            continue
+        plot_grid(rho[k], ax=ax, title=f"layer {k}", load_mask=load[k],
+                  support_mask=support[k], masked_mask=masked[k])
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
 
 
 def _style_cells(ax, shape) -> None:
@@ -97,24 +128,31 @@ def _style_cells(ax, shape) -> None:
     ax.tick_params(which="both", length=0)
 
 
-def plot_grid(grid_or_densities, ax=None, title=None, load_mask=None, support_mask=None):
+def plot_grid(grid_or_densities, ax=None, title=None, load_mask=None, support_mask=None,
+              masked_mask=None):
     """Heat map of a token grid or density array (white 0 -> black 1).
 
     The image data is exactly the density field; ``L``/``S`` cells are drawn
     as red/blue squares with their letter, ``V`` cells as hatched grey.
 
     Args:
-        grid_or_densities: grid text or token lists, or a (nely, nelx) array.
+        grid_or_densities: grid text or token lists, or a (nely, nelx) array;
+            a 3-D grid or (nz, ny, nx) array is drawn by :func:`plot_layers`.
         ax: axes to draw into (default: a new figure).
         title: axes title.
-        load_mask, support_mask: (nely, nelx) bool, replace the grid's own
-            ``L`` / ``S`` cells.
+        load_mask, support_mask, masked_mask: (nely, nelx) bool, replace the
+            grid's own ``L`` / ``S`` / ``V`` cells.
     """
     from matplotlib.patches import Rectangle
 
     rho, load, support, masked = _layers(grid_or_densities)
+    if rho.ndim == 3:
+        if ax is not None:
+            raise ValueError("a 3-D grid needs a figure of its own: use plot_layers")
+        return plot_layers(grid_or_densities, title)
     load = load if load_mask is None else np.asarray(load_mask, bool)
     support = support if support_mask is None else np.asarray(support_mask, bool)
+    masked = masked if masked_mask is None else np.asarray(masked_mask, bool)
     fig, ax = _axes(ax)
     ax.imshow(rho, cmap="gray_r", vmin=0.0, vmax=1.0, interpolation="nearest")
     for r, c in zip(*np.nonzero(masked), strict=True):

@@ -118,6 +118,25 @@ def test_plot_grid_tokens_marks_load_support_and_masked_cells(tmp_path):
     check_png(plotting.save_figure(fig, tmp_path / "tokens.png"))
 
 
+def test_plot_layers_draws_every_voxel_layer(tmp_path):
+    """A 3D grid: one panel per layer, each image that layer's densities, L/S/V marked."""
+    layers = [[["L", "L", "0"], ["0", "1", "0"]],
+              [["V", "0.5", "1"], ["1", "V", "0"]],
+              [["S", "S", "0"], ["0", "S", "0"]]]
+    fig = plotting.plot_grid(layers, title="voxels")
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 3
+    expected = [np.array([[1, 1, 0], [0, 1, 0]]), np.array([[0, 0.5, 1], [1, 0, 0]]),
+                np.array([[1, 1, 0], [0, 1, 0]])]
+    for k, (ax, want) in enumerate(zip(panels, expected, strict=True)):
+        np.testing.assert_array_equal(np.asarray(ax.images[0].get_array()), want)
+        assert ax.get_title() == f"layer {k}"
+    assert sorted(texts(panels[0])) == ["L", "L"]
+    assert sorted(texts(panels[2])) == ["S", "S", "S"]
+    assert len([p for p in panels[1].patches if p.get_hatch()]) == 2
+    check_png(plotting.save_figure(fig, tmp_path / "layers.png"))
+
+
 def test_plot_comparison_marks_bcs_from_ground_truth(tmp_path):
     # The completion drops the load letters; the ground truth still marks them.
     completion = "Here you go:\n```\n" + GROUND_TRUTH.replace("L", "1") + "\n```"
