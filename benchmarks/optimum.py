@@ -1,6 +1,8 @@
-"""Reference optima per second on the stored reference samples.
+"""Strong-yardstick optima per second on the stored reference samples.
 
-Runs :func:`sphyr_jax.optimum.reference_optimum_batch` on the 100 samples of
+(The default ``reference`` yardstick is timed side by side with the published
+method by ``benchmarks/yardstick.py``.)  Runs the strong search,
+:func:`sphyr_jax.optimum.reference_optimum_batch`, on the 100 samples of
 the stored GPT-4o ``full_easy`` results: once cold (compilation included) and
 then warm (median of ``--repeats``), in a fresh process with one XLA CPU
 device per core unless ``XLA_FLAGS`` says otherwise.  Checks the optima

@@ -133,6 +133,7 @@ def eval_groups() -> list:
 def main(argv):
     del argv
     sphyr_jax.enable_x64()
+    sphyr_jax.enable_compilation_cache()
     from sphyr_jax.optimum import OptimumCache
 
     cache = OptimumCache(FLAGS.optimum_cache_dir or None)

@@ -43,11 +43,14 @@ from sphyr_jax.metrics import (
     get_structural_metrics,
     score_batch,
 )
+from sphyr_jax.multigrid import MGOptions
 from sphyr_jax.optimum import (
+    OPTIMA,
     OptimumCache,
     OptimumOptions,
     OptimumResult,
     binarize,
+    optimum_batch,
     reference_optimum,
     reference_optimum_batch,
 )
@@ -55,6 +58,7 @@ from sphyr_jax.results import rescore_tree
 from sphyr_jax.runtime import enable_compilation_cache, enable_x64, require_x64
 from sphyr_jax.simp import SimpOptions, apply_filter, optimize
 from sphyr_jax.validation import validate_records
+from sphyr_jax.yardstick import ReferenceOptions
 
 __version__ = "0.1.0"
 
@@ -62,15 +66,18 @@ __all__ = [
     "E0",
     "EMIN",
     "NU",
+    "OPTIMA",
     "SINGULARITY_RATIO",
     "STRUCTURAL_METRIC_KEYS",
     "Analysis",
     "GridReport",
     "InvalidProblemError",
     "LoadCase",
+    "MGOptions",
     "OptimumCache",
     "OptimumOptions",
     "OptimumResult",
+    "ReferenceOptions",
     "ScoreItem",
     "SimpOptions",
     "Solution",
@@ -81,6 +88,7 @@ __all__ = [
     "binarize",
     "get_structural_metrics",
     "optimize",
+    "optimum_batch",
     "reference_optimum",
     "reference_optimum_batch",
     "rescore_tree",

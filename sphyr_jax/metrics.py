@@ -10,6 +10,11 @@ implementation; see :class:`StructuralMetrics`.
 :func:`score_batch` scores many completions at once: analyses are batched per
 grid shape, and reference optima are deduplicated per sample and computed in
 one batch (or read from an :class:`~sphyr_jax.optimum.OptimumCache`).
+
+The yardstick (``optimum=``): ``"reference"`` (default) reproduces the
+published figures; ``"strong"`` searches harder and is stricter (on the 100
+stored GPT-4o ``full_easy`` records its optimum's compliance is 2.4% lower on
+average, up to 26% lower, and the mean topology score drops from 0.2393 to 0.2362).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from sphyr_jax.loadcase import (
     stack_load_cases,
     with_budget,
 )
-from sphyr_jax.optimum import OptimumCache
+from sphyr_jax.optimum import OptimumCache, optimum_name, optimum_options
 from sphyr_jax.sharding import batch_call
 
 STRUCTURAL_METRIC_KEYS = (
@@ -144,23 +149,30 @@ def score_batch(
     include_own_budget_reference: bool = False,
     num_devices: int | None = None,
     progress=None,
+    optimum: str | None = None,
 ) -> list[StructuralMetrics]:
     """Score many completions; never raises for a bad completion.
 
     Args:
         items: completions with their ground truths, inputs and gravity.
-        cache: optimum cache (default: a fresh in-memory one); optima are
-            computed once per distinct sample and budget.
+        cache: optimum cache (default: a fresh in-memory one for ``optimum``);
+            optima are computed once per distinct sample and budget.
         include_own_budget_reference: also optimise at each completion's own
             volume fraction (``design_efficiency``).
         num_devices: devices batches are split over (None: all local).
         progress: optional callable(stage, done, total) for long work.
+        optimum: the yardstick, ``"reference"`` (the published optimum, the
+            default) or ``"strong"`` (a harder search: stricter scores); None:
+            the cache's, else ``"reference"``.
 
     Returns:
         One :class:`StructuralMetrics` per item, in order.
+
+    Raises:
+        ValueError: ``optimum`` is unknown or differs from the cache's.
     """
     fea.require_x64()
-    cache = cache if cache is not None else OptimumCache()
+    cache = _cache_for(cache, optimum, num_devices)
     prepared = [_prepare(item) for item in items]
     results = [StructuralMetrics() for _ in items]
     by_shape: dict[tuple, list[int]] = {}
@@ -220,6 +232,15 @@ def score_batch(
     return results
 
 
+def _cache_for(cache: OptimumCache | None, optimum, num_devices) -> OptimumCache:
+    """The given cache (checked against ``optimum``) or a fresh one for it."""
+    if cache is None:
+        return OptimumCache(optimum=optimum or "reference", num_devices=num_devices)
+    if optimum is not None and optimum_name(optimum_options(optimum)) != cache.optimum:
+        raise ValueError(f"optimum={optimum!r} but the cache holds {cache.optimum!r} optima")
+    return cache
+
+
 def get_structural_metrics(
     output_grid,
     gt_grid,
@@ -227,6 +248,7 @@ def get_structural_metrics(
     gravity_dir=DEFAULT_GRAVITY,
     include_own_budget_reference: bool = False,
     cache: OptimumCache | None = None,
+    optimum: str | None = None,
 ) -> StructuralMetrics:
     """Score one completion (see :func:`score_batch`).
 
@@ -237,10 +259,12 @@ def get_structural_metrics(
         gravity_dir: load direction (row, col).
         include_own_budget_reference: also compute ``design_efficiency``.
         cache: optional optimum cache shared between calls.
+        optimum: ``"reference"`` (default: the published yardstick) or
+            ``"strong"`` (stricter); see :func:`score_batch`.
 
     Returns:
         :class:`StructuralMetrics`; a wrong-shaped or unreadable completion,
         or an unusable ground truth, gets the defaults.
     """
     item = ScoreItem(output_grid, gt_grid, input_grid, tuple(gravity_dir))
-    return score_batch([item], cache, include_own_budget_reference)[0]
+    return score_batch([item], cache, include_own_budget_reference, optimum=optimum)[0]

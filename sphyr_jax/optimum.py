@@ -1,4 +1,16 @@
-"""The reference optimum: the stiffest within-budget design of a masked region.
+"""Optima of a masked region (the yardsticks) and their cache.
+
+Two yardsticks share one interface (:func:`optimum_batch`,
+:class:`OptimumCache`, ``optimum="reference"`` or ``"strong"``):
+
+* ``reference`` (the default, :mod:`sphyr_jax.yardstick`) follows the
+  published recipe step for step and reproduces the published
+  ``optimal_compliance`` and ``topology_score``;
+* ``strong`` (this module's :func:`reference_optimum_batch`, described below)
+  searches harder: it is at least as stiff as the published optimum on every
+  stored sample, so scores measured against it are stricter.
+
+The strong search, for one sample:
 
 For one sample the design variables are its design cells; every other cell is
 pinned to the ground-truth density (load and support cells solid) and the
@@ -33,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sphyr_jax import fea, simp
+from sphyr_jax import fea, simp, yardstick
 from sphyr_jax import polish as polish_mod
 from sphyr_jax.io import CorruptFileError, atomic_write_json, read_json
 from sphyr_jax.loadcase import LoadCase, index_load_case, stack_load_cases
@@ -41,7 +53,8 @@ from sphyr_jax.sharding import batch_call
 
 BUDGET_SLACK = 1e-9  # cells; a candidate may spend vf * nel + slack
 HOPELESS = 10.0  # rounded designs this many times worse than the best are not polished
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+OPTIMA = ("reference", "strong")  # the yardsticks, default first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +94,7 @@ class OptimumOptions:
     def key(self) -> dict:
         s = self.simp
         return {
+            "yardstick": "strong",
             "version": CACHE_VERSION,
             "filter_radius": s.filter_radius,
             "move_limit": s.move_limit,
@@ -98,6 +112,29 @@ class OptimumOptions:
 
 
 DEFAULT_OPTIONS = OptimumOptions()
+
+
+def optimum_options(optimum="reference", num_devices: int | None = None):
+    """Settings of a yardstick by name (``"reference"`` or ``"strong"``).
+
+    An :class:`OptimumOptions` or :class:`~sphyr_jax.yardstick.ReferenceOptions`
+    is returned as it is (``num_devices`` then ignored).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if isinstance(optimum, (OptimumOptions, yardstick.ReferenceOptions)):
+        return optimum
+    if optimum == "reference":
+        return dataclasses.replace(yardstick.DEFAULT_REFERENCE, num_devices=num_devices)
+    if optimum == "strong":
+        return dataclasses.replace(DEFAULT_OPTIONS, num_devices=num_devices)
+    raise ValueError(f"unknown optimum {optimum!r}: use one of {', '.join(OPTIMA)}")
+
+
+def optimum_name(options) -> str:
+    """``"reference"`` or ``"strong"``: the yardstick a settings object selects."""
+    return "reference" if isinstance(options, yardstick.ReferenceOptions) else "strong"
 
 
 class OptimumResult(eqx.Module):
@@ -464,6 +501,26 @@ def _keep_best(best_x, best_c, owner, starts, case_np, budget, options, solver, 
     return best_x, best_c
 
 
+def optimum_batch(load_case: LoadCase, seeds=None, optimum="reference",
+                  progress=None) -> OptimumResult:
+    """Optima of many samples with either yardstick.
+
+    Args:
+        load_case: batched load cases (leading axis B).
+        seeds: optional (B, nely, nelx) seed designs (default: the answers).
+        optimum: ``"reference"`` (the published recipe, default), ``"strong"``
+            or a settings object of either.
+        progress: optional callable(stage, done, total).
+
+    Returns:
+        An :class:`OptimumResult` (NumPy arrays).
+    """
+    options = optimum_options(optimum)
+    if isinstance(options, yardstick.ReferenceOptions):
+        return yardstick.reference_optimum_batch(load_case, seeds, options, progress)[0]
+    return reference_optimum_batch(load_case, seeds, options, progress)
+
+
 def reference_optimum(load_case: LoadCase, seed=None,
                       options: OptimumOptions = DEFAULT_OPTIONS) -> OptimumResult:
     """Reference optimum of one sample (see :func:`reference_optimum_batch`).
@@ -481,8 +538,10 @@ def reference_optimum(load_case: LoadCase, seed=None,
 # Cache.
 
 
-def optimum_key(load_case: LoadCase, seed=None, options: OptimumOptions = DEFAULT_OPTIONS) -> str:
-    """Content hash of everything an optimum depends on (one sample)."""
+def optimum_key(load_case: LoadCase, seed=None, options=None) -> str:
+    """Content hash of everything an optimum depends on (one sample), the
+    yardstick included (``options.key()`` names it; default: ``reference``)."""
+    options = optimum_options("reference" if options is None else options)
     h = hashlib.sha256()
     h.update(json.dumps(options.key(), sort_keys=True).encode())
     h.update(repr(load_case.shape).encode())
@@ -497,17 +556,22 @@ def optimum_key(load_case: LoadCase, seed=None, options: OptimumOptions = DEFAUL
 
 
 class OptimumCache:
-    """Reference optima keyed by :func:`optimum_key`, in memory and optionally on disk.
+    """Optima keyed by :func:`optimum_key`, in memory and optionally on disk.
 
-    With a directory every optimum is also stored as ``<key>.json`` (written
-    atomically), so re-runs and other processes reuse it.  An unreadable cache
-    file is reported in ``corrupt`` and left exactly as found (never deleted or
-    overwritten); its optimum is recomputed and kept in memory.
+    One cache serves one yardstick: ``optimum`` (``"reference"``, the default,
+    or ``"strong"``) or explicit ``options`` of either (they win); the keys
+    include the yardstick, so both can share a directory.  With a directory
+    every optimum is also stored as ``<key>.json`` (written atomically), so
+    re-runs and other processes reuse it.  An unreadable cache file is reported
+    in ``corrupt`` and left exactly as found (never deleted or overwritten);
+    its optimum is recomputed and kept in memory.
     """
 
-    def __init__(self, directory: str | os.PathLike | None = None,
-                 options: OptimumOptions = DEFAULT_OPTIONS, max_batch: int = 64):
-        self.options = options
+    def __init__(self, directory: str | os.PathLike | None = None, options=None,
+                 max_batch: int = 64, optimum: str = "reference",
+                 num_devices: int | None = None):
+        self.options = optimum_options(optimum if options is None else options, num_devices)
+        self.optimum = optimum_name(self.options)
         self.max_batch = max(1, int(max_batch))  # samples optimised per batch (memory)
         self.directory = pathlib.Path(directory) if directory else None
         self._memory: dict[str, dict] = {}
@@ -584,7 +648,7 @@ class OptimumCache:
             idx = [i for _, i in part]
             batch = stack_load_cases([cases[i] for i in idx])
             sd = None if seeds is None else np.stack([np.asarray(seeds[i]) for i in idx])
-            res = reference_optimum_batch(batch, sd, self.options, progress)
+            res = optimum_batch(batch, sd, self.options, progress)
             self.computed += len(idx)
             if progress is not None:
                 progress("optima", lo + len(part), len(pending))

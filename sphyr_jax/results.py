@@ -11,6 +11,11 @@ once however many models completed it.
 Nothing is lost: files are replaced atomically, a file that is not valid JSON
 (or not a list of records) is reported by name and left byte-for-byte
 untouched, and a hostile completion only makes its own record invalid.
+
+Yardsticks are never mixed silently: the aggregated file records which one
+produced the figures (``"optimum": "reference"`` or ``"strong"``), and
+rescoring a file that an earlier run scored with the other yardstick says so
+(in the summary's ``switched`` list and through ``log``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections import defaultdict
 from sphyr_jax.io import CorruptFileError, atomic_write_json, read_json
 from sphyr_jax.loadcase import DEFAULT_GRAVITY, gravity_from_folder
 from sphyr_jax.metrics import STRUCTURAL_METRIC_KEYS, ScoreItem, score_batch
-from sphyr_jax.optimum import OptimumCache
+from sphyr_jax.optimum import OptimumCache, optimum_name, optimum_options
 from sphyr_jax.sharding import device_count
 
 RESULTS_SUFFIX = "_results.json"
@@ -67,11 +72,14 @@ class RescoreSummary:
     cache_hits: int = 0
     devices: int = 1
     seconds: float = 0.0
+    optimum: str = "reference"
+    switched: list = dataclasses.field(default_factory=list)  # (path, previous yardstick)
 
     def line(self) -> str:
         """The closing one-line summary."""
         return (f"rescored {self.records} records in {self.files} files in "
-                f"{self.seconds:.1f} s: optimisations={self.optimisations} "
+                f"{self.seconds:.1f} s: optimum={self.optimum} "
+                f"switched={len(self.switched)} optimisations={self.optimisations} "
                 f"cache_hits={self.cache_hits} invalid={self.invalid_records} "
                 f"corrupt={len(self.corrupt)} devices={self.devices}")
 
@@ -116,12 +124,16 @@ def _means(records: list[dict], keys) -> dict:
     return {key: sum(float(r.get(key) or 0.0) for r in records) / n for key in keys}
 
 
-def aggregate(records: list[dict], existing: dict | None = None) -> dict:
-    """``total_<metric>`` sums and ``evaluated_samples``, merged into ``existing``."""
+def aggregate(records: list[dict], existing: dict | None = None,
+              optimum: str | None = None) -> dict:
+    """``total_<metric>`` sums and ``evaluated_samples``, merged into ``existing``;
+    ``optimum`` (when given) names the yardstick behind the figures."""
     out = dict(existing or {})
     for key in STRUCTURAL_METRIC_KEYS:
         out[f"total_{key}"] = sum(float(r.get(key) or 0.0) for r in records)
     out["evaluated_samples"] = len(records)
+    if optimum is not None:
+        out["optimum"] = optimum
     return out
 
 
@@ -155,6 +167,16 @@ def format_leaderboard(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def previous_optimum(rf: ResultFile) -> str | None:
+    """The yardstick named in a file's aggregated results (None: none recorded)."""
+    try:
+        existing = read_json(rf.aggregated_path) if rf.aggregated_path.exists() else None
+    except CorruptFileError:
+        return None
+    value = existing.get("optimum") if isinstance(existing, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def rescore_tree(
     results_root,
     *,
@@ -165,6 +187,7 @@ def rescore_tree(
     progress=None,
     chunk: int = DEFAULT_CHUNK,
     log=None,
+    optimum: str | None = None,
 ) -> RescoreSummary:
     """Add the structural metrics to every stored results file under a root.
 
@@ -176,15 +199,24 @@ def rescore_tree(
         num_devices: devices batches are split over (None: all local).
         progress: optional callable(stage, done, total).
         chunk: records scored per batch.
-        log: optional callable(str) for warnings (corrupt files).
+        log: optional callable(str) for warnings (corrupt files, a change of
+            yardstick).
+        optimum: ``"reference"`` (the published optimum, default) or
+            ``"strong"`` (stricter); None: the cache's, else ``"reference"``.
 
     Returns:
         A :class:`RescoreSummary`.
+
+    Raises:
+        ValueError: ``optimum`` is unknown or differs from the cache's.
     """
     start = time.perf_counter()
-    cache = cache if cache is not None else OptimumCache()
+    if cache is None:
+        cache = OptimumCache(optimum=optimum or "reference", num_devices=num_devices)
+    elif optimum is not None and optimum_name(optimum_options(optimum)) != cache.optimum:
+        raise ValueError(f"optimum={optimum!r} but the cache holds {cache.optimum!r} optima")
     hits0, computed0 = cache.hits, cache.computed
-    summary = RescoreSummary(devices=device_count(num_devices))
+    summary = RescoreSummary(devices=device_count(num_devices), optimum=cache.optimum)
     loaded: list[tuple[ResultFile, list[dict]]] = []
     for rf in find_result_files(results_root):
         try:
@@ -193,6 +225,13 @@ def rescore_tree(
             summary.corrupt.append((str(rf.path), str(exc)))
             if log is not None:
                 log(f"skipped (left untouched): {exc}")
+    for rf, _ in loaded:
+        previous = previous_optimum(rf)
+        if previous is not None and previous != cache.optimum:
+            summary.switched.append((str(rf.path), previous))
+            if log is not None:
+                log(f"{rf.path}: its figures came from the {previous!r} yardstick; "
+                    f"rescoring with {cache.optimum!r}")
     flat = [(k, rec) for k, (rf, recs) in enumerate(loaded) for rec in recs]
     items = [_item(rec, loaded[k][0].gravity_dir) for k, rec in flat]
     for lo in range(0, len(items), max(1, chunk)):
@@ -228,7 +267,7 @@ def rescore_tree(
         atomic_write_json(rf.path, records, indent=2, allow_nan=True)
         summary.written.append(str(rf.path))
         if existing is not False:
-            atomic_write_json(agg_path, aggregate(records, existing), indent=2)
+            atomic_write_json(agg_path, aggregate(records, existing, cache.optimum), indent=2)
             summary.written.append(str(agg_path))
     summary.leaderboard = leaderboard(summary.per_file)
     summary.optimisations = cache.computed - computed0

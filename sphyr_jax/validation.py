@@ -22,7 +22,7 @@ import time
 from sphyr_jax.grids import as_grid
 from sphyr_jax.loadcase import DEFAULT_GRAVITY
 from sphyr_jax.metrics import ScoreItem, score_batch
-from sphyr_jax.optimum import OptimumCache
+from sphyr_jax.optimum import OptimumCache, optimum_name, optimum_options
 from sphyr_jax.sharding import device_count
 
 PROBES = ("dataset answer", "2 cells flipped", "10 cells flipped", "filled solid",
@@ -81,6 +81,7 @@ class ValidationReport:
     optimisations: int = 0
     cache_hits: int = 0
     devices: int = 1
+    optimum: str = "reference"
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -102,13 +103,15 @@ class ValidationReport:
 
     def line(self) -> str:
         return (f"validated {self.subject}: {self.samples} samples x {len(self.rows)} probes "
-                f"in {self.seconds:.1f} s: optimisations={self.optimisations} "
+                f"in {self.seconds:.1f} s: optimum={self.optimum} "
+                f"optimisations={self.optimisations} "
                 f"cache_hits={self.cache_hits} devices={self.devices}")
 
 
 def validate_records(records, subject: str, hard: bool | None = None,
                      cache: OptimumCache | None = None, num_devices: int | None = None,
-                     design_efficiency: bool = False, progress=None) -> ValidationReport:
+                     design_efficiency: bool = False, progress=None,
+                     optimum: str | None = None) -> ValidationReport:
     """Score the probes of every record (one batch) and summarise.
 
     Args:
@@ -120,10 +123,15 @@ def validate_records(records, subject: str, hard: bool | None = None,
         num_devices: devices batches are split over.
         design_efficiency: also optimise at each probe's own budget.
         progress: optional callable(stage, done, total).
+        optimum: the yardstick, ``"reference"`` (default: the published table's)
+            or ``"strong"``; None: the cache's, else ``"reference"``.
     """
     start = time.perf_counter()
     hard = subject.endswith("hard") if hard is None else hard
-    cache = cache if cache is not None else OptimumCache()
+    if cache is None:
+        cache = OptimumCache(optimum=optimum or "reference", num_devices=num_devices)
+    elif optimum is not None and optimum_name(optimum_options(optimum)) != cache.optimum:
+        raise ValueError(f"optimum={optimum!r} but the cache holds {cache.optimum!r} optima")
     hits0, computed0 = cache.hits, cache.computed
     items, owners = [], []
     for i, rec in enumerate(records):
@@ -146,4 +154,5 @@ def validate_records(records, subject: str, hard: bool | None = None,
     return ValidationReport(
         subject=subject, samples=len(records), rows=rows, beaten=int(beaten),
         seconds=time.perf_counter() - start, optimisations=cache.computed - computed0,
-        cache_hits=cache.hits - hits0, devices=device_count(num_devices))
+        cache_hits=cache.hits - hits0, devices=device_count(num_devices),
+        optimum=cache.optimum)

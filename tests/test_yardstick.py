@@ -1,0 +1,221 @@
+"""The ``reference`` yardstick: the published optimum, reproduced.
+
+Truths: the reference implementation's stored figures (``optimal_compliance``,
+``topology_score``) on the GPT-4o ``full_easy`` records, an independent
+NumPy/SciPy re-implementation of the published method
+(``benchmarks/reference_method.py``), and analytic cases for the pieces.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO, RTOL_REFERENCE, report
+
+from sphyr_jax import simp, yardstick
+from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases
+from sphyr_jax.metrics import ScoreItem, score_batch
+from sphyr_jax.optimum import (
+    DEFAULT_OPTIONS,
+    OptimumCache,
+    optimum_key,
+    optimum_options,
+)
+from sphyr_jax.results import AGGREGATED_SUFFIX, rescore_tree
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import reference_method  # noqa: E402
+
+PARITY_SHARE = 0.98
+
+
+def _cases(records):
+    return [load_case_from_grid(r["ground_truth"], r["prompt"]) for r in records]
+
+
+@pytest.fixture(scope="module")
+def stored_optima(gpt4o_records, claude_records, optimum_cache):
+    """Reference optima of the 100 GPT-4o and the first 16 Claude samples, one
+    batched computation kept in the session's cache (rescore tests reuse it)."""
+    records = list(gpt4o_records) + list(claude_records[:16])
+    cases = _cases(records)
+    res = optimum_cache.get_many(cases, [np.asarray(c.pinned) for c in cases])
+    return records, cases, res
+
+
+# ----------------------------------------------------------------------------
+# Pieces against analytic truths.
+
+
+def test_filter_stencil_equals_the_cone_filter():
+    idx, w = yardstick.filter_stencil(4, 5, 1.2)
+    dense = np.zeros((20, 20))
+    for i in range(20):
+        for k in range(idx.shape[1]):
+            dense[i, idx[i, k]] += w[i, k]
+    np.testing.assert_allclose(dense, simp.filter_matrix(4, 5, 1.2), rtol=0, atol=1e-15)
+    x = np.random.default_rng(0).random((3, 20))
+    np.testing.assert_allclose(np.asarray(yardstick.apply_stencil(x, idx, w)),
+                               x @ simp.filter_matrix(4, 5, 1.2).T, rtol=1e-15)
+
+
+def test_round_to_budget_keeps_ties_and_edges():
+    mask = np.array([True, True, True, True, False])
+    x = np.array([0.2, 0.7, 0.7, 0.1, 0.4])
+    # Two cells of material; the 2nd largest (0.7) is tied: both 0.7 cells kept.
+    np.testing.assert_array_equal(yardstick.round_to_budget(x, mask, 2.0), [0, 1, 1, 0, 0.4])
+    # One cell: threshold 0.7, tied -> the rounding overspends (as published).
+    np.testing.assert_array_equal(yardstick.round_to_budget(x, mask, 1.5), [0, 1, 1, 0, 0.4])
+    np.testing.assert_array_equal(yardstick.round_to_budget(x, mask, 3.0), [1, 1, 1, 0, 0.4])
+    np.testing.assert_array_equal(yardstick.round_to_budget(x, mask, 0.5), [0, 0, 0, 0, 0.4])
+    np.testing.assert_array_equal(yardstick.round_to_budget(x, mask, 9.0), [1, 1, 1, 1, 0.4])
+    # The NumPy re-implementation agrees.
+    for budget in (0.5, 1.5, 2.0, 3.0, 9.0):
+        np.testing.assert_array_equal(
+            yardstick.round_to_budget(x, mask, budget),
+            reference_method.round_to_budget(x, mask, budget))
+
+
+# ----------------------------------------------------------------------------
+# Parity with the published figures.
+
+
+def test_parity_with_stored_figures(gpt4o_records, stored_optima, optimum_cache):
+    """optimal_compliance and topology_score to 1e-6 on >= 98% of the records;
+    every record that differs is listed with its reason."""
+    items = [ScoreItem(r["completion"], r["ground_truth"], r["prompt"]) for r in gpt4o_records]
+    scored = score_batch(items, optimum_cache)
+    differ = []
+    for i, (rec, m) in enumerate(zip(gpt4o_records, scored, strict=True)):
+        c_ok = m.optimal_compliance == pytest.approx(rec["optimal_compliance"],
+                                                     rel=RTOL_REFERENCE)
+        t_ok = m.topology_score == pytest.approx(rec["topology_score"], rel=RTOL_REFERENCE,
+                                                 abs=1e-12)
+        if not (c_ok and t_ok):
+            why = ("a different optimum" if not c_ok else "the completion's figures")
+            differ.append(f"record {i}: optimal {m.optimal_compliance:.9g} vs stored "
+                          f"{rec['optimal_compliance']:.9g}, topology {m.topology_score:.6g} "
+                          f"vs {rec['topology_score']:.6g} ({why})")
+    n = len(gpt4o_records)
+    report(f"reference yardstick: {n - len(differ)}/{n} stored records reproduce "
+           f"optimal_compliance and topology_score to 1e-6")
+    for line in differ:
+        report("  differs: " + line)
+    assert n - len(differ) >= PARITY_SHARE * n, "\n".join(differ)
+    # The optimum is never beaten by the answer it bounds.
+    assert all(m.optimal_compliance <= m.ground_truth_compliance * (1 + 1e-12) for m in scored)
+
+
+def test_second_method_agrees(stored_optima):
+    """The NumPy/SciPy re-implementation gives the same optima on a few samples:
+    two easy GPT-4o ones and two hard Claude ones (non-0/1 answers)."""
+    records, cases, res = stored_optima
+    for i in (0, 9, 100, 101):
+        ours = reference_method.reference_optimum(cases[i])
+        assert ours.compliance == pytest.approx(float(res.compliance[i]), rel=1e-9), i
+        np.testing.assert_array_equal(ours.densities, res.densities[i])
+
+
+def test_claude_file_gets_figures(claude_records, stored_optima, optimum_cache, tmp_path):
+    """The older Claude file has no structural figures: rescoring adds them, from
+    the same optimum the second method finds, and names the yardstick."""
+    records = claude_records[:16]
+    path = tmp_path / "claude-3-7-sonnet-20250219" / "10_random_cell_hard_results.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(records))
+    summary = rescore_tree(tmp_path, cache=optimum_cache)
+    assert summary.optimum == "reference" and summary.optimisations == 0
+    new = json.loads(path.read_text())
+    _, _, res = stored_optima
+    for j, rec in enumerate(new):
+        assert rec["physically_valid"] is True or rec["optimal_compliance"] is None
+        if rec["physically_valid"]:
+            assert rec["optimal_compliance"] == pytest.approx(float(res.compliance[100 + j]),
+                                                              rel=1e-12)
+    agg = json.loads(path.with_name("10_random_cell_hard" + AGGREGATED_SUFFIX).read_text())
+    assert agg["optimum"] == "reference"
+
+
+# ----------------------------------------------------------------------------
+# Two yardsticks, never mixed silently.
+
+
+def test_cache_keys_differ_between_yardsticks(gpt4o_records):
+    case = _cases(gpt4o_records[:1])[0]
+    ref = optimum_key(case, None, optimum_options("reference"))
+    strong = optimum_key(case, None, optimum_options("strong"))
+    assert ref != strong
+    assert optimum_key(case, None, DEFAULT_OPTIONS) == strong
+    assert OptimumCache().optimum == "reference"
+    assert OptimumCache(optimum="strong").optimum == "strong"
+    with pytest.raises(ValueError):
+        optimum_options("fastest")
+    with pytest.raises(ValueError):
+        score_batch([], OptimumCache(), optimum="strong")
+
+
+def test_rescore_reports_a_yardstick_switch(gpt4o_records, stored_optima, optimum_cache,
+                                            tmp_path):
+    folder = tmp_path / "gpt-4o-2024-08-06"
+    folder.mkdir()
+    (folder / "full_easy_results.json").write_text(json.dumps(gpt4o_records[:3]))
+    agg = folder / ("full_easy" + AGGREGATED_SUFFIX)
+    agg.write_text(json.dumps({"optimum": "strong", "model": "gpt-4o"}))
+    logged = []
+    summary = rescore_tree(tmp_path, cache=optimum_cache, log=logged.append)
+    assert summary.switched == [(str(folder / "full_easy_results.json"), "strong")]
+    assert any("'strong'" in m and "'reference'" in m for m in logged)
+    assert "optimum=reference switched=1" in summary.line()
+    new = json.loads(agg.read_text())
+    assert new["optimum"] == "reference" and new["model"] == "gpt-4o"
+    # Rescoring again with the same yardstick reports nothing.
+    again = rescore_tree(tmp_path, cache=optimum_cache)
+    assert again.switched == []
+
+
+def test_one_sample_equals_its_batch(stored_optima):
+    """A sample alone (bucket 1) gets the optimum it gets in a batch of 64."""
+    _, cases, res = stored_optima
+    alone, winner = yardstick.reference_optimum_batch(stack_load_cases([cases[3]]))
+    assert float(alone.compliance[0]) == pytest.approx(float(res.compliance[3]), rel=1e-12)
+    np.testing.assert_array_equal(alone.densities[0], res.densities[3])
+    assert 0 <= int(winner[0]) <= 16
+
+
+def test_app_selects_the_yardstick(tmp_path):
+    """``--optimum`` reaches the app's cache; ``reference`` is the default."""
+    from absl import flags
+
+    from sphyr_jax import cli
+
+    for argv, expected in (([], "reference"), (["--optimum=strong"], "strong"),
+                           (["--optimum=reference"], "reference")):
+        flags.FLAGS(["sphyr_jax", f"--cache_dir={tmp_path}"] + argv)
+        try:
+            assert cli._cache().optimum == expected
+        finally:
+            flags.FLAGS.unparse_flags()
+    with pytest.raises(flags.IllegalFlagValueError):
+        flags.FLAGS(["sphyr_jax", "--optimum=fastest"])
+    flags.FLAGS.unparse_flags()
+
+
+def test_other_shapes_and_edge_masks_agree_with_second_method():
+    """A 4x5 grid: every free cell a design cell, a masked row, and no design
+    cell at all (the optimum is then the answer itself)."""
+    answer = ["L L 0 0 0", "1 1 1 0 0", "0 1 1 1 0", "S S 0 1 S"]
+    inputs = [None,
+              ["L L 0 0 0", "V V V V V", "0 1 1 1 0", "S S 0 1 S"],
+              answer]
+    cases = [load_case_from_grid("\n".join(answer), None if g is None else "\n".join(g))
+             for g in inputs]
+    res, _ = yardstick.reference_optimum_batch(stack_load_cases(cases))
+    for i, case in enumerate(cases):
+        theirs = reference_method.reference_optimum(case)
+        assert float(res.compliance[i]) == pytest.approx(theirs.compliance, rel=1e-9), i
+        np.testing.assert_array_equal(res.densities[i], theirs.densities)
+    np.testing.assert_array_equal(res.densities[2], np.asarray(cases[2].pinned))
+    assert float(res.compliance[0]) <= float(res.compliance[1]) * (1 + 1e-12)
