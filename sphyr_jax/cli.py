@@ -102,10 +102,11 @@ def _write_json(obj) -> None:
 
 
 def cmd_validate() -> int:
-    from sphyr_jax.datasets import load_subject
+    from sphyr_jax.datasets import load_subject, subject_ndim
     from sphyr_jax.validation import validate_records
 
-    source = FLAGS.dataset_dir or _data_dir("dataset")
+    embedded = "dataset_3d" if subject_ndim(FLAGS.subject) == 3 else "dataset"
+    source = FLAGS.dataset_dir or _data_dir(embedded)
     records = load_subject(source, FLAGS.subject, limit=FLAGS.samples)
     if not records:
         raise app.UsageError(f"no records of {FLAGS.subject} in {source}")

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from sphyr_jax import fea
-from sphyr_jax.grids import InvalidProblemError, densities_from_grid, extract_grid
+from sphyr_jax.grids import InvalidProblemError, densities_from_grid, extract_grid, grid_ndim
 from sphyr_jax.loadcase import (
     DEFAULT_GRAVITY,
     LoadCase,
@@ -93,7 +93,8 @@ class ScoreItem:
         ground_truth: the dataset answer (text or tokens).
         input_grid: the masked input grid (text, tokens, or a prompt containing
             it); None: every non-L/S cell is a design cell.
-        gravity_dir: load direction as a (row, col) step.
+        gravity_dir: load direction as a (row, col) step, or a (layer, row,
+            col) step for voxel samples (the 2D default means down there too).
     """
 
     completion: object
@@ -114,6 +115,10 @@ def _analyze_fn(load_case, densities):
 
 def analyze_batch(load_case: LoadCase, densities, num_devices: int | None = None):
     """:func:`sphyr_jax.fea.analyze` of a batch, split over devices (NumPy out)."""
+    if load_case.ndim == 3:
+        # The multigrid's coarsest solve is a LAPACK call, which can deadlock when
+        # several XLA CPU devices run it at once: voxel batches stay on one device.
+        num_devices = 1
     res = batch_call(_analyze_fn, load_case, np.asarray(densities, np.float64),
                      num_devices=num_devices)
     return jax.tree.map(np.asarray, res)
@@ -127,15 +132,38 @@ class _Prepared:
     report: object
 
 
+def _fits(grid, shape) -> bool:
+    """Whether nested token lists have exactly the given shape."""
+    if not isinstance(grid, (list, tuple)) or len(grid) != shape[0]:
+        return False
+    if len(shape) == 1:
+        return True
+    return all(_fits(g, shape[1:]) for g in grid)
+
+
+def _item_ndim(item: ScoreItem) -> int:
+    """3 for voxel samples (a 3-vector load direction or a 3-deep answer), else 2."""
+    gravity = item.gravity_dir
+    if gravity is not None and np.size(gravity) == 3:
+        return 3
+    return grid_ndim(item.ground_truth)
+
+
 def _prepare(item: ScoreItem) -> _Prepared | None:
+    ndim = _item_ndim(item)
+    gravity = item.gravity_dir
+    if ndim == 3 and gravity is not None and np.size(gravity) == 2:
+        if tuple(np.ravel(gravity)) != tuple(DEFAULT_GRAVITY):
+            return None  # a 2D direction cannot describe a 3D load
+        gravity = None  # down
     try:
-        case = load_case_from_grid(item.ground_truth, item.input_grid, item.gravity_dir)
-    except (InvalidProblemError, TypeError, IndexError):
+        case = load_case_from_grid(item.ground_truth, item.input_grid, gravity, ndim=ndim)
+    except (InvalidProblemError, TypeError, IndexError, ValueError):
         return None
-    grid = extract_grid(item.completion)
-    if grid is None or len(grid) != case.shape[0] or any(len(r) != case.shape[1] for r in grid):
+    grid = extract_grid(item.completion, ndim=ndim)
+    if grid is None or not _fits(grid, case.shape):
         return None
-    out_rho, report = densities_from_grid(grid)
+    out_rho, report = densities_from_grid(grid, ndim=ndim)
     structural = np.asarray(case.load_mask | case.support_mask)
     out_rho[structural] = 1.0
     gt_rho = np.asarray(case.pinned).copy()

@@ -159,7 +159,7 @@ class OptimumResult(eqx.Module):
 # Rounding.
 
 
-def binarize(densities, design_mask, pinned, target_solid):
+def binarize(densities, design_mask, pinned, target_solid, ndim: int = 2):
     """Budget-preserving 0/1 rounding of design cells (pure JAX, batched).
 
     The ``floor(target_solid)`` densest design cells become solid (ties broken
@@ -167,22 +167,24 @@ def binarize(densities, design_mask, pinned, target_solid):
     pinned value; rounding is downwards, so a design never overspends.
 
     Args:
-        densities: (..., nely, nelx).
-        design_mask: (..., nely, nelx) bool.
-        pinned: (..., nely, nelx) values off the design mask.
+        densities: (..., *cells).
+        design_mask: (..., *cells) bool.
+        pinned: (..., *cells) values off the design mask.
         target_solid: (...) material (in cells) available to the design cells.
+        ndim: number of grid axes (2, or 3 for voxels).
     """
     densities = jnp.asarray(densities)
     batch = jnp.broadcast_shapes(densities.shape, jnp.shape(design_mask), jnp.shape(pinned))
     densities = jnp.broadcast_to(densities, batch)
-    flat = densities.reshape(batch[:-2] + (-1,))
+    lead = batch[: len(batch) - ndim]
+    flat = densities.reshape(lead + (-1,))
     mask = jnp.broadcast_to(jnp.asarray(design_mask), batch).reshape(flat.shape)
     pinned = jnp.broadcast_to(jnp.asarray(pinned), batch)
     # Stable order: density descending, then cell index; non-design cells last.
     key = jnp.where(mask, -flat, jnp.inf)
     order = jnp.argsort(key, axis=-1, stable=True)
     rank = jnp.argsort(order, axis=-1, stable=True)
-    count = jnp.broadcast_to(jnp.floor(jnp.asarray(target_solid) + 1e-9), batch[:-2])
+    count = jnp.broadcast_to(jnp.floor(jnp.asarray(target_solid) + 1e-9), lead)
     solid = mask & (rank < count[..., None])
     out = jnp.where(mask, solid.astype(flat.dtype),
                     pinned.reshape(flat.shape))
@@ -516,6 +518,10 @@ def optimum_batch(load_case: LoadCase, seeds=None, optimum="reference",
         An :class:`OptimumResult` (NumPy arrays).
     """
     options = optimum_options(optimum)
+    if load_case.ndim == 3:
+        from sphyr_jax import voxel_optimum
+
+        return voxel_optimum.voxel_optimum_batch(load_case, seeds)
     if isinstance(options, yardstick.ReferenceOptions):
         return yardstick.reference_optimum_batch(load_case, seeds, options, progress)[0]
     return reference_optimum_batch(load_case, seeds, options, progress)

@@ -19,7 +19,9 @@ import dataclasses
 import random
 import time
 
-from sphyr_jax.grids import as_grid
+import numpy as np
+
+from sphyr_jax.grids import as_grid, grid_ndim
 from sphyr_jax.loadcase import DEFAULT_GRAVITY
 from sphyr_jax.metrics import ScoreItem, score_batch
 from sphyr_jax.optimum import OptimumCache, optimum_name, optimum_options
@@ -41,27 +43,30 @@ STRUCTURAL = ("L", "S")
 
 
 def probe_completions(ground_truth, rng: random.Random, hard: bool) -> dict:
-    """The five probes of one sample (token grids), in :data:`PROBES` order."""
-    gt = [list(row) for row in as_grid(ground_truth)]
-    cells = [(r, c) for r, row in enumerate(gt) for c, tok in enumerate(row)
-             if tok not in STRUCTURAL]
+    """The five probes of one sample (token grids, 2D or 3D), in :data:`PROBES` order.
+
+    Changed cells are drawn among the non-L/S cells in row-major order (layer
+    by layer in 3D).
+    """
+    gt = np.array(as_grid(ground_truth), dtype=object)  # (*cells) tokens
+    cells = [idx for idx, tok in np.ndenumerate(gt) if tok not in STRUCTURAL]
 
     def changed(count: int):
-        grid = [row[:] for row in gt]
-        for r, c in rng.sample(cells, min(count, len(cells))):
+        grid = gt.copy()
+        for idx in rng.sample(cells, min(count, len(cells))):
             if hard:
-                grid[r][c] = f"{rng.choice(HARD_VALUES):.1f}"
+                grid[idx] = f"{rng.choice(HARD_VALUES):.1f}"
             else:
-                grid[r][c] = "0" if grid[r][c] == "1" else "1"
-        return grid
+                grid[idx] = "0" if grid[idx] == "1" else "1"
+        return grid.tolist()
 
     def filled(token: str):
-        return [[tok if tok in STRUCTURAL else token for tok in row] for row in gt]
+        return np.where(np.isin(gt, STRUCTURAL), gt, token).tolist()
 
     two = changed(2)
     ten = changed(10)
     return {
-        PROBES[0]: gt,
+        PROBES[0]: gt.tolist(),
         PROBES[1]: two,
         PROBES[2]: ten,
         PROBES[3]: filled("1.0" if hard else "1"),
@@ -135,7 +140,9 @@ def validate_records(records, subject: str, hard: bool | None = None,
     hits0, computed0 = cache.hits, cache.computed
     items, owners = [], []
     for i, rec in enumerate(records):
-        gravity = tuple(rec.get("gravity_dir") or DEFAULT_GRAVITY)
+        gravity = rec.get("gravity_dir")
+        gravity = None if gravity is None and grid_ndim(rec["ground_truth"]) == 3 else tuple(
+            gravity or DEFAULT_GRAVITY)
         probes = probe_completions(rec["ground_truth"], random.Random(i), hard)
         for name in PROBES:
             items.append(ScoreItem(probes[name], rec["ground_truth"], rec.get("input_grid"),

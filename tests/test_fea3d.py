@@ -502,3 +502,31 @@ def test_simp_optimize_in_3d(embedded_3d):
     np.testing.assert_allclose(np.asarray(res.compliance),
                                np.asarray(sj.compliance(case, res.densities)), rtol=1e-9)
     assert float(res.compliance[0]) < 0.9 * float(sj.compliance(case, start)[0])
+
+
+def test_scoring_voxel_completions():
+    """The whole scoring path on a voxel sample: the optimum is at least as stiff as
+    the answer within its budget, an empty completion scores 0, a solid one its
+    material efficiency."""
+    import json
+
+    rec = json.loads((EMBEDDED_3D / "full_easy_3d.jsonl").read_text().splitlines()[1])
+    gt = rec["ground_truth"]
+
+    def filled(token):
+        return [[[t if t in ("L", "S") else token for t in row] for row in layer]
+                for layer in gt]
+
+    answer, empty, solid = sj.score_batch(
+        [sj.ScoreItem(c, gt, rec["input_grid"]) for c in (gt, filled("0"), filled("1"))])
+    assert answer.physically_valid and answer.load_carrying
+    assert answer.optimal_compliance <= answer.ground_truth_compliance * (1 + 1e-12)
+    assert 0.0 < answer.topology_score <= 1.0
+    assert empty.physically_valid and not empty.load_carrying and empty.topology_score == 0.0
+    assert solid.load_carrying and solid.structural_efficiency == 1.0
+    np.testing.assert_allclose(solid.topology_score, solid.material_efficiency, rtol=1e-12)
+    np.testing.assert_allclose(solid.material_efficiency, answer.ground_truth_volume_fraction,
+                               rtol=1e-12)
+    # A completion of the wrong shape (a 2D grid) is invalid, not an exception.
+    flat = sj.get_structural_metrics(gt[0], gt, rec["input_grid"])
+    assert not flat.physically_valid and flat.topology_score == 0.0

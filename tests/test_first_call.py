@@ -136,3 +136,30 @@ def test_memory_stays_flat_over_many_eager_calls(problems):
     grown = _rss_mb() - before
     assert cc.count == 0
     assert grown <= 100.0, f"RSS grew by {grown:.0f} MB over 1,000 eager calls"
+
+
+def test_scoring_compiles_once_whatever_the_sample():
+    """get_structural_metrics and score_batch: after warm-up, new samples of every
+    subject, format and load direction (and a batch inside the same bucket) never
+    compile again; every answer scores as its own completion should."""
+    warm = _records("full_easy", 1)[0]
+    sj.get_structural_metrics(warm["ground_truth"], warm["ground_truth"], warm["input_grid"])
+    items = []
+    for s, subject in enumerate(SUBJECTS):
+        rec = _records(subject, 4)[3]
+        items.append(sj.ScoreItem(rec["ground_truth"], rec["ground_truth"], rec["input_grid"],
+                                  GRAVITIES[s % 2]))
+    batch = [sj.ScoreItem(r["ground_truth"], r["ground_truth"], r["input_grid"])
+             for r in _records("3_random_row_easy", 8)[4:]]
+    sj.score_batch(batch[:3])  # warm-up of the 3-4 sample bucket
+    with CompileCounter() as cc:
+        singles = [sj.get_structural_metrics(it.completion, it.ground_truth, it.input_grid,
+                                             it.gravity_dir) for it in items]
+        together = sj.score_batch(batch)
+    assert cc.count == 0, f"{cc.count} compilations on new samples ({cc.seconds:.1f} s)"
+    for m in singles + together:
+        # The answer is a candidate of the optimum: never stiffer than it, and
+        # scored against its own compliance.
+        assert m.physically_valid and m.load_carrying
+        assert m.optimal_compliance <= m.ground_truth_compliance * (1 + 1e-9)
+        np.testing.assert_allclose(m.compliance, m.ground_truth_compliance, rtol=1e-12)

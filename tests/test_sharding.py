@@ -66,8 +66,9 @@ def test_four_devices_equal_one(gpt4o_records):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["devices"] == 4
     four, one = out["4"], out["1"]
-    np.testing.assert_array_equal(four["compliance"], one["compliance"])
-    np.testing.assert_array_equal(four["max_displacement"], one["max_displacement"])
+    # Shards of another batch size may round differently in the last bit.
+    np.testing.assert_allclose(four["compliance"], one["compliance"], rtol=1e-12)
+    np.testing.assert_allclose(four["max_displacement"], one["max_displacement"], rtol=1e-12)
     np.testing.assert_allclose(four["optimum"], one["optimum"], rtol=1e-9)
     np.testing.assert_array_equal(four["designs"], one["designs"])
     # And both equal the stored reference figures (13 is not a multiple of 4:
