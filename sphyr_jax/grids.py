@@ -176,28 +176,7 @@ def extract_grid(text, ndim: int = 2) -> Grid | None:
         return _extract_grid_3d(text)
     if ndim != 2:
         raise ValueError(f"ndim must be 2 or 3, got {ndim!r}")
-    if isinstance(text, (list, tuple)):
-        return _from_nested(text)
-    if not isinstance(text, str):
-        return None
-    text = _normalise_text(text)
-    stripped = text.strip()
-    if stripped.startswith("["):
-        # JSON, or a Python literal (str() of a list of lists: single quotes).
-        for loads in (json.loads, ast.literal_eval):
-            try:
-                nested = _from_nested(loads(stripped))
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                nested = None
-            if nested is not None:
-                return nested
-    candidates = _candidates(text)
-    if not candidates:
-        return None
-    for grid in reversed(candidates):
-        if _is_rectangular(grid):
-            return grid
-    return candidates[-1]
+    return _extract(text, _from_nested, _candidates, _is_rectangular)
 
 
 def as_grid(grid, ndim: int | None = None) -> Grid:
@@ -425,24 +404,30 @@ def _candidates_3d(text: str) -> list[Grid]:
 
 
 def _extract_grid_3d(text) -> Grid | None:
+    return _extract(text, _from_nested_3d, _candidates_3d, _layers_rectangular)
+
+
+def _extract(text, from_nested, candidates_of, rectangular):
+    """Shared reading of :func:`extract_grid` for one dimension's parsers."""
     if isinstance(text, (list, tuple)):
-        return _from_nested_3d(text)
+        return from_nested(text)
     if not isinstance(text, str):
         return None
     text = _normalise_text(text)
     stripped = text.strip()
     if stripped.startswith("["):
+        # JSON, or a Python literal (str() of a list of lists: single quotes).
         for loads in (json.loads, ast.literal_eval):
             try:
-                nested = _from_nested_3d(loads(stripped))
+                nested = from_nested(loads(stripped))
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 nested = None
             if nested is not None:
                 return nested
-    candidates = _candidates_3d(text)
+    candidates = candidates_of(text)
     if not candidates:
         return None
     for grid in reversed(candidates):
-        if _layers_rectangular(grid):
+        if rectangular(grid):
             return grid
     return candidates[-1]
