@@ -216,6 +216,16 @@ def _parse_line(line: str, fail, dims: int = 2) -> tuple:
     return col, row, values[3], _BOOLS[static.lower()]
 
 
+def _read_lines(path):
+    """(path as str, the file's lines); a file that is not UTF-8 is a ConversionError."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8-sig") as handle:
+            return path, handle.read().split("\n")
+    except UnicodeDecodeError as exc:
+        raise ConversionError(f"{path}: not UTF-8 text ({exc})", path) from exc
+
+
 def read_raw_csv(path, shape: tuple[int, int] | None = None) -> RawSample:
     """Read one raw simulation CSV into easy and hard ground-truth token grids.
 
@@ -236,12 +246,7 @@ def read_raw_csv(path, shape: tuple[int, int] | None = None) -> RawSample:
             of another size than ``shape``.
         OSError: if the file cannot be read.
     """
-    path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8-sig") as handle:
-            lines = handle.read().split("\n")
-    except UnicodeDecodeError as exc:
-        raise ConversionError(f"{path}: not UTF-8 text ({exc})", path) from exc
+    path, lines = _read_lines(path)
 
     cells: dict[tuple[int, int], tuple[int, float, bool]] = {}
     last = 0
@@ -320,12 +325,7 @@ def read_raw_csv_3d(path, shape: tuple[int, int, int] | None = None) -> RawSampl
             of another size than ``shape``.
         OSError: if the file cannot be read.
     """
-    path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8-sig") as handle:
-            lines = handle.read().split("\n")
-    except UnicodeDecodeError as exc:
-        raise ConversionError(f"{path}: not UTF-8 text ({exc})", path) from exc
+    path, lines = _read_lines(path)
 
     cells: dict[tuple[int, int, int], tuple[int, float, bool]] = {}
     last = 0
