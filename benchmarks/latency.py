@@ -64,15 +64,15 @@ PRELUDE = textwrap.dedent(f"""
 
 
 def _run(code: str, env: dict | None = None, timeout: float = 1800) -> dict:
-    """Run ``code`` in a fresh Python; it prints one JSON object last."""
+    """Run ``code`` in a fresh Python; its last line of output is one JSON object."""
     full_env = dict(os.environ, **(env or {}))
     proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
                           capture_output=True, text=True, cwd=REPO, env=full_env,
                           timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed:\n{proc.stderr[-3000:]}")
-    out = proc.stdout
-    return json.loads(out[out.rindex("{"):]) if "{" in out else {}
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    return json.loads(lines[-1]) if lines else {}
 
 
 FIRST_CALL = """
