@@ -226,6 +226,43 @@ def _read_lines(path):
         raise ConversionError(f"{path}: not UTF-8 text ({exc})", path) from exc
 
 
+def _read_cells(path, dims: int):
+    """Cells of a raw CSV keyed by printed-order coordinates ((row, col) or (z, y, x)).
+
+    Returns:
+        (path as str, {key: (line number, density, is_static)}, last data line).
+
+    Raises:
+        ConversionError: naming file and line, for a bad line, a duplicate cell,
+            a density outside [0, 1] after rounding or an empty file.
+    """
+    path, lines = _read_lines(path)
+    noun = "cell" if dims == 2 else "voxel"
+    cells: dict[tuple[int, ...], tuple[int, float, bool]] = {}
+    last = 0
+    for number, raw_line in enumerate(lines, start=1):
+        line = raw_line.strip()
+        if not line:
+            continue
+        last = number
+
+        def fail(message: str, number: int = number):
+            raise ConversionError(f"{path}, line {number}: {message}", path, number)
+
+        *coords, density, static = _parse_line(line, fail, dims=dims)
+        key = tuple(reversed(coords))
+        if key in cells:
+            where = ", ".join(f"{axis}={v}" for axis, v in zip("xyz", coords, strict=False))
+            fail(f"duplicate {noun} {where} (first on line {cells[key][0]})")
+        rounded = round(density, 1) + 0.0  # + 0.0 turns -0.0 into 0.0
+        if not static and not 0.0 <= rounded <= 1.0:
+            fail(f"density {density} is outside [0, 1]")
+        cells[key] = (number, density, static)
+    if not cells:
+        raise ConversionError(f"{path}, line 1: empty file (no cells)", path, 1)
+    return path, cells, last
+
+
 def read_raw_csv(path, shape: tuple[int, int] | None = None) -> RawSample:
     """Read one raw simulation CSV into easy and hard ground-truth token grids.
 
@@ -246,29 +283,7 @@ def read_raw_csv(path, shape: tuple[int, int] | None = None) -> RawSample:
             of another size than ``shape``.
         OSError: if the file cannot be read.
     """
-    path, lines = _read_lines(path)
-
-    cells: dict[tuple[int, int], tuple[int, float, bool]] = {}
-    last = 0
-    for number, raw_line in enumerate(lines, start=1):
-        line = raw_line.strip()
-        if not line:
-            continue
-        last = number
-
-        def fail(message: str, number: int = number):
-            raise ConversionError(f"{path}, line {number}: {message}", path, number)
-
-        col, row, density, static = _parse_line(line, fail)
-        if (row, col) in cells:
-            fail(f"duplicate cell x={col}, y={row} (first on line {cells[(row, col)][0]})")
-        rounded = round(density, 1) + 0.0  # + 0.0 turns -0.0 into 0.0
-        if not static and not 0.0 <= rounded <= 1.0:
-            fail(f"density {density} is outside [0, 1]")
-        cells[(row, col)] = (number, density, static)
-
-    if not cells:
-        raise ConversionError(f"{path}, line 1: empty file (no cells)", path, 1)
+    path, cells, last = _read_cells(path, dims=2)
     nely = max(r for r, _ in cells) + 1
     nelx = max(c for _, c in cells) + 1
     if shape is not None and (nely, nelx) != tuple(shape):
@@ -325,30 +340,7 @@ def read_raw_csv_3d(path, shape: tuple[int, int, int] | None = None) -> RawSampl
             of another size than ``shape``.
         OSError: if the file cannot be read.
     """
-    path, lines = _read_lines(path)
-
-    cells: dict[tuple[int, int, int], tuple[int, float, bool]] = {}
-    last = 0
-    for number, raw_line in enumerate(lines, start=1):
-        line = raw_line.strip()
-        if not line:
-            continue
-        last = number
-
-        def fail(message: str, number: int = number):
-            raise ConversionError(f"{path}, line {number}: {message}", path, number)
-
-        col, row, layer, density, static = _parse_line(line, fail, dims=3)
-        key = (layer, row, col)
-        if key in cells:
-            fail(f"duplicate voxel x={col}, y={row}, z={layer} (first on line {cells[key][0]})")
-        rounded = round(density, 1) + 0.0
-        if not static and not 0.0 <= rounded <= 1.0:
-            fail(f"density {density} is outside [0, 1]")
-        cells[key] = (number, density, static)
-
-    if not cells:
-        raise ConversionError(f"{path}, line 1: empty file (no cells)", path, 1)
+    path, cells, last = _read_cells(path, dims=3)
     dims = tuple(max(k[i] for k in cells) + 1 for i in range(3))  # (nz, ny, nx)
     span = "x".join(str(n) for n in dims)
     if shape is not None and dims != tuple(shape):

@@ -415,6 +415,3 @@ def dense_stiffness(load_case: LoadCase, densities, penal=3.0) -> np.ndarray:
     return np.asarray(_dense_stiffness(load_case.free_dofs, np.asarray(densities, np.float64),
                                        np.float64(penal)))
 
-
-# Kept for modules that chunk their own batch-last work.
-_chunked = _kernels.chunked

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sphyr_jax import _banded, _small, fea
+from sphyr_jax import _banded, _kernels, _small, fea
 from sphyr_jax.loadcase import LoadCase
 from sphyr_jax.mesh import E0, EMIN, get_mesh
 from sphyr_jax.sharding import batch_call
@@ -263,7 +263,7 @@ def _init(load_case: LoadCase, x0, *, sizes):
         return jnp.moveaxis(jnp.einsum("bni,bnj->bij", y, y), 0, -1)
 
     chunk = max(1, _RHS_PER_CHUNK // n_dofs_d)
-    z = fea._chunked(gram, chunk, fac, cols.T, col_ok.T.astype(jnp.float64))  # (D, D, B)
+    z = _kernels.chunked(gram, chunk, fac, cols.T, col_ok.T.astype(jnp.float64))  # (D, D, B)
     z = jnp.pad(jnp.moveaxis(z, -1, 0), ((0, 0), (0, 1), (0, 1)))  # zero row/column D
 
     def modal_rows(a):  # rows of a (B, D+1, w) at the cells' DOFs, contracted with V

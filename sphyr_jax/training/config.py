@@ -8,16 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-MASK_VARIANTS = (
-    "1_random_cell",
-    "5_random_cell",
-    "10_random_cell",
-    "1_random_row",
-    "3_random_row",
-    "1_random_column",
-    "3_random_column",
-    "full",
-)  # the SPhyR mask variants, in :data:`sphyr_jax.datasets.VARIANTS` order
+from sphyr_jax.datasets import VARIANTS
+
+MASK_VARIANTS = VARIANTS  # the SPhyR mask variants, in convert's order
 DIRECTION_NAMES = ("down", "right", "up", "left")  # k counter-clockwise turns of down
 
 
