@@ -73,6 +73,8 @@ flags.DEFINE_float("rounded_weight", _L.rounded_weight, "Final weight of the rou
 flags.DEFINE_float("rounded_start", _L.rounded_start, "Progress where the rounded term starts.")
 flags.DEFINE_float("initial_sharpness", _L.initial_sharpness, "Initial logit scale.")
 flags.DEFINE_float("leak", _L.leak, "Floor added to the sigmoid derivative.")
+flags.DEFINE_list("shape", [str(v) for v in _P.shape], "Grid of the training problems: "
+                  "nely,nelx or nz,ny,nx (voxels; a 3D model, loads pointing down).")
 flags.DEFINE_list("load_run", [str(v) for v in _P.load_run], "Load run length min,max.")
 flags.DEFINE_list("support_run", [str(v) for v in _P.support_run], "Support run length min,max.")
 flags.DEFINE_list("variant_weights", [str(v) for v in _P.variant_weights],
@@ -98,8 +100,9 @@ def _floats(values):
 
 def config_from_flags() -> training.TrainConfig:
     """The training configuration the flags describe."""
+    shape = _ints(FLAGS.shape)
     problem = training.ProblemConfig(
-        load_run=_ints(FLAGS.load_run), support_run=_ints(FLAGS.support_run),
+        shape=shape, load_run=_ints(FLAGS.load_run), support_run=_ints(FLAGS.support_run),
         variant_weights=_floats(FLAGS.variant_weights), hard_fraction=FLAGS.hard_fraction,
         direction_weights=_floats(FLAGS.direction_weights),
         mirror_fraction=FLAGS.mirror_fraction, pool_fraction=FLAGS.pool_fraction,
@@ -107,7 +110,7 @@ def config_from_flags() -> training.TrainConfig:
         pool_iterations=FLAGS.pool_iterations)
     model = training.ModelConfig(width=FLAGS.width, dilations=_ints(FLAGS.dilations),
                                  init_density=FLAGS.init_density, canonical=FLAGS.canonical,
-                                 mirror_average=FLAGS.mirror_average)
+                                 mirror_average=FLAGS.mirror_average, ndim=len(shape))
     loss = training.LossConfig(
         volume_weight=FLAGS.volume_weight, penal=FLAGS.penal, initial_penal=FLAGS.initial_penal,
         rounded_weight=FLAGS.rounded_weight, rounded_start=FLAGS.rounded_start,

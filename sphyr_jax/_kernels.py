@@ -45,7 +45,8 @@ class Solver:
             ``"multigrid"`` (a band of a 3D grid is far too wide).
         tol: relative residual at which the CG solvers stop.
         max_iter: CG iteration bound (default: 4 x number of DOFs for Jacobi,
-            200 for multigrid).
+            100 for multigrid, after which small grids fall back to a direct
+            solve, see :mod:`sphyr_jax.multigrid`).
         chunk: samples per chunk of the batch (None: backend default, 0: no chunking).
         block: columns per step of the banded factorisation.
     """
@@ -284,7 +285,7 @@ class Kernels:
         self.kind = kind
         self.grid = st.get_grid(shape)
         self.mesh = get_mesh(*shape, block=solver.block) if self.ndim == 2 else None
-        self.mg_options = mg.MGOptions(tol=solver.tol, max_iter=solver.max_iter or 200)
+        self.mg_options = mg.MGOptions(tol=solver.tol, max_iter=solver.max_iter or mg.MGOptions().max_iter)
         chunk = default_chunk(solver)
 
         def factor(moduli, free):

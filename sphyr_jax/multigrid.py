@@ -26,6 +26,15 @@ geometric-multigrid V-cycle per iteration:
 * Coarsest level: dense Cholesky of the assembled Galerkin matrix, rows
   without stiffness (padding) replaced by the identity, a relative
   $10^{-12}$ diagonal shift as safeguard.
+* Direct fallback: a geometric hierarchy cannot see the rigid-body modes of
+  small islands of material floating in $E_{min}$ void (scattered cells of a
+  model's completion, isolated voxels of a rounding); each island adds six
+  near-zero eigenvalues the cycle does not remove, and CG stalls.  A sample
+  whose CG has not converged within ``max_iter`` iterations is solved again
+  by a dense Cholesky factorisation of its assembled matrix (one sample at a
+  time, only when some sample failed), on grids of at most
+  ``direct_fallback_dofs`` DOFs; it is then reported converged.  Larger grids
+  report the failure instead.
 
 Everything is batch-last: element moduli (*cells, B), nodal vectors
 (n_dofs, B) in the flat DOF order of :mod:`sphyr_jax.structured`.  CG runs in
@@ -70,15 +79,18 @@ class MGOptions:
         coarse_smooth: sweeps on the coarse levels (None: ``smooth``); their
             Galerkin element matrices make a coarse sweep cost more memory
             traffic than a fine one.
+        direct_fallback_dofs: samples whose CG did not converge are solved
+            by dense Cholesky on grids of at most this many DOFs (0: never).
     """
 
     tol: float = 1e-10
-    max_iter: int = 200
+    max_iter: int = 100
     smooth: int = 3
     omega: float = 0.5
     max_coarse_dofs: int = 100
     levels: int | None = None
     coarse_smooth: int | None = 1
+    direct_fallback_dofs: int = 6000
 
     def __post_init__(self):
         if (not self.tol > 0 or self.max_iter < 1 or self.smooth < 1
@@ -287,7 +299,11 @@ def fine_coarse_matrices(level: Level, ke, moduli, free_e):
 
 def _assemble_dense(level: Level, kes):
     """Dense flat matrix (B, n, n) of element matrices (m, m, *cells, B)."""
-    grid = st.get_grid(level.cells)
+    return assemble_dense(st.get_grid(level.cells), kes)
+
+
+def assemble_dense(grid: st.StructuredGrid, kes):
+    """Dense flat matrix (B, n, n) of element matrices (m, m, *cells, B)."""
     edofs = jnp.asarray(st.element_dofs(grid))  # (n_cells, m)
     nb = kes.shape[-1]
     m = kes.shape[0]
@@ -451,12 +467,52 @@ def pcg_lattice(options: MGOptions, moduli, free_lat, b_lat, x0=None):
     return x, converged, its
 
 
+def direct_solve(grid: st.StructuredGrid, moduli, free, rhs):
+    """Dense Cholesky solve of $\\tilde K x = b$ for one sample.
+
+    Args:
+        moduli: (*cells,) element moduli; free, rhs: (n_dofs,) flat.
+
+    Returns:
+        x (n_dofs,).
+    """
+    fe = st.element_values(grid, free[:, None])[..., 0]  # (m, *cells)
+    ke = jnp.asarray(grid.element.ke, moduli.dtype)
+    kes = ke.reshape(ke.shape + (1,) * moduli.ndim) * (fe[:, None] * fe[None]) * moduli
+    k = assemble_dense(grid, kes[..., None])[0] + jnp.diag(1.0 - free)
+    return jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(k), True), rhs)
+
+
+def _with_fallback(grid, moduli, free, rhs, x, converged):
+    """Re-solve the samples whose CG failed with :func:`direct_solve`."""
+
+    def fix(_):
+        def one(args):
+            ok, m, f, b, xi = args
+            return jax.lax.cond(ok, lambda: xi, lambda: direct_solve(grid, m, f, b))
+
+        cols = jax.lax.map(one, (converged, jnp.moveaxis(moduli, -1, 0), free.T, rhs.T, x.T))
+        return cols.T
+
+    return jax.lax.cond(jnp.all(converged), lambda _: x, fix, None)
+
+
 def pcg(options: MGOptions, moduli, free, rhs):
-    """:func:`pcg_lattice` on flat vectors: free, rhs (n_dofs, B); returns flat x."""
+    """:func:`pcg_lattice` on flat vectors: free, rhs (n_dofs, B); returns flat x.
+
+    Samples whose CG did not converge are solved directly on small grids
+    (``options.direct_fallback_dofs``) and then count as converged; their
+    ``iterations`` stay at the CG bound.
+    """
     grid = st.get_grid(tuple(moduli.shape[:-1]))
-    free_lat = st.to_lattice(grid, jnp.asarray(free, moduli.dtype))
+    free = jnp.asarray(free, moduli.dtype)
+    free_lat = st.to_lattice(grid, free)
     x, conv, its = pcg_lattice(options, moduli, free_lat, st.to_lattice(grid, rhs))
-    return st.from_lattice(grid, x), conv, its
+    x = st.from_lattice(grid, x)
+    if grid.n_dofs <= options.direct_fallback_dofs:
+        x = _with_fallback(grid, moduli, free, rhs, x, conv)
+        conv = jnp.all(jnp.isfinite(x), axis=0)
+    return x, conv, its
 
 
 # ----------------------------------------------------------------------------

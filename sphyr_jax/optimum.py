@@ -132,6 +132,21 @@ def optimum_options(optimum="reference", num_devices: int | None = None):
     raise ValueError(f"unknown optimum {optimum!r}: use one of {', '.join(OPTIMA)}")
 
 
+def grid_options(options, ndim: int):
+    """The yardstick settings used on grids of ``ndim`` axes.
+
+    On voxel grids both yardsticks are the reference recipe with the voxel
+    settings (:data:`sphyr_jax.yardstick.VOXEL_REFERENCE`): the strong search's
+    polish and tabu moves need a factorisation to update, which 3D solves do
+    not keep.
+    """
+    if ndim == 2:
+        return options
+    if isinstance(options, OptimumOptions):
+        return dataclasses.replace(yardstick.VOXEL_REFERENCE, num_devices=options.num_devices)
+    return yardstick.grid_options(options, ndim)
+
+
 def optimum_name(options) -> str:
     """``"reference"`` or ``"strong"``: the yardstick a settings object selects."""
     return "reference" if isinstance(options, yardstick.ReferenceOptions) else "strong"
@@ -517,11 +532,7 @@ def optimum_batch(load_case: LoadCase, seeds=None, optimum="reference",
     Returns:
         An :class:`OptimumResult` (NumPy arrays).
     """
-    options = optimum_options(optimum)
-    if load_case.ndim == 3:
-        from sphyr_jax import voxel_optimum
-
-        return voxel_optimum.voxel_optimum_batch(load_case, seeds)
+    options = grid_options(optimum_options(optimum), load_case.ndim)
     if isinstance(options, yardstick.ReferenceOptions):
         return yardstick.reference_optimum_batch(load_case, seeds, options, progress)[0]
     return reference_optimum_batch(load_case, seeds, options, progress)
@@ -613,7 +624,8 @@ class OptimumCache:
 
     def put(self, case: LoadCase, seed, result: OptimumResult) -> None:
         """Store the optimum ``result`` (one sample) of ``case`` and ``seed``."""
-        self._store(optimum_key(case, seed, self.options), _entry(result))
+        self._store(optimum_key(case, seed, grid_options(self.options, case.ndim)),
+                    _entry(result))
 
     def _store(self, key: str, entry: dict) -> dict:
         self._memory[key] = entry
@@ -630,8 +642,8 @@ class OptimumCache:
 
     def get_many(self, cases: Sequence[LoadCase], seeds=None, progress=None) -> OptimumResult:
         """Optima of many samples; computes the missing ones in one batch."""
-        keys = [optimum_key(c, None if seeds is None else seeds[i], self.options)
-                for i, c in enumerate(cases)]
+        keys = [optimum_key(c, None if seeds is None else seeds[i],
+                            grid_options(self.options, c.ndim)) for i, c in enumerate(cases)]
         entries: dict[str, dict] = {}
         missing: dict[str, int] = {}
         for i, key in enumerate(keys):

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +47,8 @@ from sphyr_jax.sharding import batch_call, device_count
 
 VERSION = 1
 BUCKETS = (1, 4, 16, 64)  # samples per compiled program (padded inside)
+VOXEL_BUCKETS = (1, 2, 4, 8, 16)  # the same on voxel grids (every slot costs a solve)
+VOXEL_SIMP_SOLVE_TOL = 1e-8  # relative CG residual of the SIMP solves on voxel grids
 MIN_PER_DEVICE = 8  # samples per device when a batch is split
 BUDGET_SLACK = 1e-9  # cells; a candidate may spend vf * nel + slack
 BISECTION_TOL = 1e-6
@@ -94,6 +98,22 @@ class ReferenceOptions:
 
 
 DEFAULT_REFERENCE = ReferenceOptions()
+# The same recipe on voxel grids (SPhyR-3D has no published optimum): SIMP
+# runs stop at a largest design change of 1e-2 (the usual 3D setting, as in
+# top3d) or after 100 iterations, and there is no swap polish.
+VOXEL_REFERENCE = ReferenceOptions(tol=1e-2, max_iterations=100, polish_passes=0)
+
+
+def grid_options(options: ReferenceOptions, ndim: int) -> ReferenceOptions:
+    """The settings used on grids of ``ndim`` axes.
+
+    Voxel grids given the published (2D) settings get :data:`VOXEL_REFERENCE`
+    (``num_devices`` kept); any other settings are used as they are.
+    """
+    plain = dataclasses.replace(options, num_devices=None)
+    if ndim == 3 and plain == DEFAULT_REFERENCE:
+        return dataclasses.replace(VOXEL_REFERENCE, num_devices=options.num_devices)
+    return options
 
 
 # ----------------------------------------------------------------------------
@@ -101,24 +121,32 @@ DEFAULT_REFERENCE = ReferenceOptions()
 
 
 @functools.lru_cache(maxsize=16)
-def filter_stencil(nely: int, nelx: int, radius: float):
+def filter_stencil(shape: tuple[int, ...], radius: float):
     """Cone filter as a stencil: neighbour indices and weights (nel, K).
+
+    Args:
+        shape: grid shape, (nely, nelx) or (nz, ny, nx).
+        radius: filter radius in cells.
 
     Terms are listed in increasing neighbour index (the order in which a
     sparse row of the filter sums them); missing neighbours point at the cell
     itself with weight 0 (adding an exact zero changes nothing).
     """
+    shape = tuple(int(n) for n in shape)
     reach = int(np.ceil(radius)) - 1
-    offsets = [(dr, dc) for dr in range(-reach, reach + 1) for dc in range(-reach, reach + 1)
-               if radius - np.hypot(dr, dc) > 0.0]
-    rows, cols = np.divmod(np.arange(nely * nelx), nelx)
-    idx = np.zeros((nely * nelx, len(offsets)), np.int32)
-    w = np.zeros((nely * nelx, len(offsets)))
-    for k, (dr, dc) in enumerate(offsets):
-        r, c = rows + dr, cols + dc
-        inside = (r >= 0) & (r < nely) & (c >= 0) & (c < nelx)
-        idx[:, k] = np.where(inside, r * nelx + c, np.arange(nely * nelx))
-        w[:, k] = np.where(inside, radius - np.hypot(dr, dc), 0.0)
+    offsets = [o for o in itertools.product(range(-reach, reach + 1), repeat=len(shape))
+               if radius - math.hypot(*o) > 0.0]
+    nel = math.prod(shape)
+    coords = np.unravel_index(np.arange(nel), shape)
+    idx = np.zeros((nel, len(offsets)), np.int32)
+    w = np.zeros((nel, len(offsets)))
+    for k, off in enumerate(offsets):
+        moved = [c + o for c, o in zip(coords, off, strict=True)]
+        inside = np.all([(m >= 0) & (m < n) for m, n in zip(moved, shape, strict=True)], axis=0)
+        flat = np.ravel_multi_index([np.clip(m, 0, n - 1) for m, n in zip(moved, shape,
+                                                                           strict=True)], shape)
+        idx[:, k] = np.where(inside, flat, np.arange(nel))
+        w[:, k] = np.where(inside, radius - math.hypot(*off), 0.0)
     return idx, w
 
 
@@ -169,9 +197,14 @@ def _pow(x, e):
 
 
 def _energies(case: LoadCase, x, penal):
-    """Compliance (S,), and unit-modulus element energies (S, nel) of designs (S, nel)."""
+    """Compliance (S,), and unit-modulus element energies (S, nel) of designs (S, nel).
+
+    2D grids are solved by the banded factorisation; voxel grids by the
+    multigrid CG to a relative residual of :data:`VOXEL_SIMP_SOLVE_TOL`.
+    """
     shape = case.shape
-    sol = fea.solve(case, x.reshape((-1,) + shape), penal)
+    solver = "banded" if case.ndim == 2 else fea.Solver("multigrid", tol=VOXEL_SIMP_SOLVE_TOL)
+    sol = fea.solve(case, x.reshape((-1,) + shape), penal, solver)
     e = fea.element_strain_energy(case, sol.displacements)
     return sol.compliance, e.reshape(x.shape)
 
@@ -187,9 +220,15 @@ _KINDS = ((0, -1, 0), (1, 0, 2), (2, 1, 2), (1, -1, 0), (2, -1, 0), (3, -1, 1))
 _DESIGN_KINDS = (0, 3, 4, 0, 1, 2, -1, 5)  # the 8 published designs (-1: the seed)
 
 
-def slot_count(n_samples: int) -> int:
-    """Slots of the SIMP pool for a batch: one per sample, at least four."""
-    return max(4, n_samples)
+def slot_count(n_samples: int, ndim: int = 2) -> int:
+    """Slots of the SIMP pool for a batch.
+
+    2D: one per sample, at least four.  Voxel grids: two per sample — the
+    chain's three stages in one, the three other runs in the other, so when
+    every run takes about as long, no slot idles (on a CPU every slot costs a
+    solve per iteration, busy or not).
+    """
+    return 2 * n_samples if ndim == 3 else max(4, n_samples)
 
 
 def _simp_runs(case: LoadCase, seed, active, static):
@@ -214,10 +253,10 @@ def _simp_runs(case: LoadCase, seed, active, static):
     radius, move, tol, max_it, schedule, penal = static[:6]
     shape = case.shape
     nb = case.load_mask.shape[0]
-    nel = shape[0] * shape[1]
-    n_slots = slot_count(nb)
+    nel = math.prod(shape)
+    n_slots = slot_count(nb, case.ndim)
     n_runs = len(_KINDS) * nb
-    idx_np, w_np = filter_stencil(shape[0], shape[1], radius)
+    idx_np, w_np = filter_stencil(shape, radius)
     idx, w = jnp.asarray(idx_np), jnp.asarray(w_np)
     hs = apply_stencil(jnp.ones((nel,)), idx, w)
 
@@ -350,7 +389,7 @@ def _program(case: LoadCase, seed, active, *, static):
     """The whole yardstick for a batch: SIMP runs, candidates, polish."""
     shape = case.shape
     nb = case.load_mask.shape[0]
-    nel = shape[0] * shape[1]
+    nel = math.prod(shape)
     penal = static[5]
     designs, its, capped, mask, pinned, budget = _simp_runs(case, seed, active, static)
     rounded = round_to_budget(designs, mask[:, None], budget[:, None])
@@ -361,6 +400,9 @@ def _program(case: LoadCase, seed, active, *, static):
     winner = jnp.where(jnp.any(ok, axis=-1), jnp.argmin(jnp.where(ok, c, jnp.inf), axis=-1), 15)
     best_x = jnp.take_along_axis(cands, winner[:, None, None], axis=1)[:, 0]
     best_c = jnp.take_along_axis(c, winner[:, None], axis=1)[:, 0]
+    if case.ndim != 2 or static[6] == 0:  # no polish (voxel grids: see VOXEL_REFERENCE)
+        return {"densities": best_x.reshape((nb,) + shape), "compliance": best_c,
+                "winner": winner, "iterations": its, "converged": ~capped}
     start = round_to_budget(best_x, mask, budget)
     polished, pc = yardstick_polish.polish(case, start, mask, static)
     # The same design scores the same (the published method solves it the same way).
@@ -375,8 +417,9 @@ def _program(case: LoadCase, seed, active, *, static):
     }
 
 
-def _bucket(n: int) -> int:
-    return next((b for b in BUCKETS if b >= n), BUCKETS[-1])
+def _bucket(n: int, ndim: int = 2) -> int:
+    buckets = BUCKETS if ndim == 2 else VOXEL_BUCKETS
+    return next((b for b in buckets if b >= n), buckets[-1])
 
 
 def reference_optimum_batch(load_case: LoadCase, seeds=None,
@@ -401,21 +444,27 @@ def reference_optimum_batch(load_case: LoadCase, seeds=None,
     fea.require_x64()
     case_np = jax.tree.map(np.asarray, load_case)
     nb = case_np.load_mask.shape[0]
-    shape = tuple(case_np.load_mask.shape[-2:])
+    ndim = load_case.ndim
+    options = grid_options(options, ndim)
+    shape = tuple(case_np.load_mask.shape[1:])
     seeds = case_np.pinned if seeds is None else np.asarray(seeds, np.float64)
     seeds = seeds.reshape(nb, -1)
     static = options.static()
+    largest = (BUCKETS if ndim == 2 else VOXEL_BUCKETS)[-1]
     outs = []
-    for lo in range(0, nb, BUCKETS[-1]):
-        idx = np.arange(lo, min(nb, lo + BUCKETS[-1]))
-        size = _bucket(len(idx))
+    for lo in range(0, nb, largest):
+        idx = np.arange(lo, min(nb, lo + largest))
+        size = _bucket(len(idx), ndim)
         pad = np.concatenate([idx, np.full(size - len(idx), idx[0])])
         active = np.arange(size) < len(idx)
         part = jax.tree.map(lambda a, pad=pad: a[pad], case_np)
         # At least MIN_PER_DEVICE samples per device: splitting a few samples
         # gains nothing, and programs of 2 or 4 samples per device stalled in
-        # XLA's CPU runtime (8 and more run fine).
+        # XLA's CPU runtime (8 and more run fine).  Voxel batches stay on one
+        # device: the multigrid's LAPACK calls can deadlock several CPU devices.
         devices = max(1, min(device_count(options.num_devices), size // MIN_PER_DEVICE))
+        if ndim != 2:
+            devices = 1
         res = batch_call(_program, part, seeds[pad], active, static=static,
                          num_devices=devices)
         outs.append({k: np.asarray(v)[: len(idx)] for k, v in res.items()})

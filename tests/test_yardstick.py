@@ -50,16 +50,19 @@ def stored_optima(gpt4o_records, claude_records, optimum_cache):
 # Pieces against analytic truths.
 
 
-def test_filter_stencil_equals_the_cone_filter():
-    idx, w = yardstick.filter_stencil(4, 5, 1.2)
-    dense = np.zeros((20, 20))
-    for i in range(20):
+@pytest.mark.parametrize("shape,radius", [((4, 5), 1.2), ((3, 4, 5), 1.2), ((4, 3, 5), 2.5)])
+def test_filter_stencil_equals_the_cone_filter(shape, radius):
+    idx, w = yardstick.filter_stencil(shape, radius)
+    nel = int(np.prod(shape))
+    dense = np.zeros((nel, nel))
+    for i in range(nel):
         for k in range(idx.shape[1]):
             dense[i, idx[i, k]] += w[i, k]
-    np.testing.assert_allclose(dense, simp.filter_matrix(4, 5, 1.2), rtol=0, atol=1e-15)
-    x = np.random.default_rng(0).random((3, 20))
-    np.testing.assert_allclose(np.asarray(yardstick.apply_stencil(x, idx, w)),
-                               x @ simp.filter_matrix(4, 5, 1.2).T, rtol=1e-15)
+    truth = simp.filter_matrix(shape, radius)  # from centre-to-centre distances
+    np.testing.assert_allclose(dense, truth, rtol=0, atol=1e-15)
+    x = np.random.default_rng(0).random((3, nel))
+    np.testing.assert_allclose(np.asarray(yardstick.apply_stencil(x, idx, w)), x @ truth.T,
+                               rtol=1e-14)
 
 
 def test_round_to_budget_keeps_ties_and_edges():

@@ -27,9 +27,13 @@ class ProblemConfig:
     ``python -m sphyr_jax generate --gravity_dirs``).
 
     Attributes:
-        shape: grid shape (nely, nelx); square unless only down/up are drawn.
-        load_run: (min, max) length of the load run on the (canonical) top row.
-        support_run: (min, max) length of the support run on the bottom row.
+        shape: grid shape (nely, nelx), square unless only down/up are drawn;
+            or (nz, ny, nx) for voxel problems (load patch on the top layer,
+            support patch on the bottom layer, load down only).
+        load_run: (min, max) length of the load run on the (canonical) top row
+            (3D: of each side of the load patch).
+        support_run: (min, max) length of the support run on the bottom row
+            (3D: of each side of the support patch).
         variant_weights: relative frequency of the mask variants of
             ``MASK_VARIANTS`` (drawn exactly like ``sphyr_jax.convert``: cells
             with replacement anywhere, L/S included; distinct inner rows;
@@ -77,6 +81,11 @@ class ProblemConfig:
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
                 raise ValueError(f"{name} must be (min, max) with 1 <= min <= max")
+        if len(self.shape) not in (2, 3):
+            raise ValueError(f"shape must be (nely, nelx) or (nz, ny, nx), got {self.shape}")
+        if len(self.shape) == 3 and any(self.direction_weights[1:]):
+            raise ValueError("voxel problems load downwards only: direction_weights must be "
+                             f"(w, 0, 0, 0), got {self.direction_weights}")
         sideways = self.direction_weights[1] > 0 or self.direction_weights[3] > 0
         if sideways and self.shape[0] != self.shape[1]:
             raise ValueError(f"sideways load directions need a square grid, got {self.shape}")
@@ -96,6 +105,8 @@ class ModelConfig:
         mirror_average: average the logits of the (canonical) input and of
             its left-right mirror image, mirrored back (exact mirror
             equivariance; twice the forward cost).
+        ndim: grid axes: 2 (Conv2d) or 3 (Conv3d on voxel grids, whose load
+            points down: ``canonical`` does nothing there).
     """
 
     width: int = 32
@@ -103,6 +114,11 @@ class ModelConfig:
     init_density: float = 0.3
     canonical: bool = True
     mirror_average: bool = True
+    ndim: int = 2
+
+    def __post_init__(self):
+        if self.ndim not in (2, 3):
+            raise ValueError(f"ndim must be 2 or 3, got {self.ndim}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +167,11 @@ class TrainConfig:
     problem: ProblemConfig = ProblemConfig()
     model: ModelConfig = ModelConfig()
     loss: LossConfig = LossConfig()
+
+    def __post_init__(self):
+        if len(self.problem.shape) != self.model.ndim:
+            raise ValueError(f"a {self.model.ndim}D model cannot train on problems of shape "
+                             f"{self.problem.shape}: set model.ndim")
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -40,8 +40,9 @@ def _token(value: float, hard: bool) -> str:
 
 
 def _gravity(record: dict):
+    """A record's load direction; None (down) when it has none."""
     g = record.get("gravity_dir")
-    return DEFAULT_GRAVITY if g is None else tuple(g)
+    return None if g is None else tuple(g)
 
 
 def complete_grids(model, input_grids: Sequence, hard: bool, gravity_dirs=None) -> list:
@@ -49,29 +50,32 @@ def complete_grids(model, input_grids: Sequence, hard: bool, gravity_dirs=None) 
 
     Args:
         model: a :class:`~sphyr_jax.training.model.DensityNet`.
-        input_grids: masked grids (text or token rows), all of one shape.
+        input_grids: masked grids (text or token rows; 3D: layers of rows),
+            all of one shape.
         hard: one-decimal tokens (else ``0``/``1``).
         gravity_dirs: load direction per grid (default: down).
 
     Returns:
-        Token grids (lists of string rows).
+        Token grids (lists of string rows, or of layers).
     """
     grids = [as_grid(g) for g in input_grids]
     if not grids:
         return []
-    gravity_dirs = list(gravity_dirs) if gravity_dirs is not None else [DEFAULT_GRAVITY] * len(
-        grids)
+    gravity_dirs = list(gravity_dirs) if gravity_dirs is not None else [None] * len(grids)
     feats = np.stack([grid_features(g, d) for g, d in zip(grids, gravity_dirs, strict=True)])
     rho = np.asarray(_predict(model, jnp.asarray(feats)))
-    out = []
-    for grid, values in zip(grids, rho, strict=True):
-        out.append([[_token(v, hard) if str(t).strip() == MASK else str(t).strip()
-                     for t, v in zip(row, vrow, strict=True)]
-                    for row, vrow in zip(grid, values, strict=True)])
-    return out
+    return [_fill(grid, values, hard) for grid, values in zip(grids, rho, strict=True)]
 
 
-def complete_grid(model, input_grid, hard: bool, gravity_dir=DEFAULT_GRAVITY) -> list:
+def _fill(grid, values, hard: bool):
+    """Token rows (or layers of rows) with V cells replaced by the model's values."""
+    if np.ndim(values) > 1:
+        return [_fill(g, v, hard) for g, v in zip(grid, values, strict=True)]
+    return [_token(v, hard) if str(t).strip() == MASK else str(t).strip()
+            for t, v in zip(grid, values, strict=True)]
+
+
+def complete_grid(model, input_grid, hard: bool, gravity_dir=None) -> list:
     """The input grid with every ``V`` cell filled in the subject's format (token rows)."""
     return complete_grids(model, [input_grid], hard, [gravity_dir])[0]
 
@@ -103,7 +107,7 @@ def score_completions(records: Sequence[dict], completions: Sequence, cache=None
     """
     from sphyr_jax.metrics import ScoreItem, score_batch
 
-    items = [ScoreItem(c, r["ground_truth"], r["input_grid"], _gravity(r))
+    items = [ScoreItem(c, r["ground_truth"], r["input_grid"], _gravity(r) or DEFAULT_GRAVITY)
              for r, c in zip(records, completions, strict=True)]
     metrics = score_batch(items, cache, num_devices=num_devices, optimum=optimum)
     out = {k: float(np.mean([float(getattr(m, k)) for m in metrics])) if metrics else 0.0
@@ -133,8 +137,8 @@ def evaluate(model, records: Sequence[dict], hard: bool, cache=None,
 def fill_baseline(records: Sequence[dict], token: str, cache=None,
                   num_devices: int | None = None) -> dict:
     """Score completions that put ``token`` (``"0"``: empty, ``"1"``: solid) in every V cell."""
-    completions = [[[token if str(t).strip() == MASK else str(t).strip() for t in row]
-                    for row in as_grid(r["input_grid"])] for r in records]
+    completions = [_fill(g, np.ones(check_rectangular(g)) * (token == "1"), False)
+                   for g in (as_grid(r["input_grid"]) for r in records)]
     return score_completions(records, completions, cache, num_devices)
 
 

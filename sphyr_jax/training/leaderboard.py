@@ -33,7 +33,14 @@ _RESULTS_SUFFIX = "_results.json"
 
 
 def direction_name(gravity_dir) -> str:
-    """``"down"``/``"right"``/``"up"``/``"left"`` for an axis direction, else ``"(r, c)"``."""
+    """``"down"``/``"right"``/``"up"``/``"left"`` for an axis direction, else ``"(r, c)"``.
+
+    A voxel direction (layer, row, col) is ``"down"`` for (1, 0, 0), else its steps.
+    """
+    if np.size(gravity_dir) == 3:
+        g = normalise_gravity(gravity_dir, 3)
+        return "down" if np.allclose(g, (1, 0, 0), atol=1e-12) else (
+            "(" + ", ".join(f"{v:.3g}" for v in g) + ")")
     g = normalise_gravity(gravity_dir)
     for name, d in zip(DIRECTION_NAMES, AXIS_DIRECTIONS, strict=True):
         if np.allclose(g, d, atol=1e-12):
@@ -111,7 +118,8 @@ def load_dataset_groups(sources: Sequence, subjects: Sequence[str] | None = None
     """Groups of dataset folders or subject files.
 
     A folder contributes every subject it holds (of ``subjects``, default all
-    16); a ``<subject>.jsonl``/``.json`` file its subject.  The load direction
+    16 and their 16 voxel ``_3d`` twins); a ``<subject>.jsonl``/``.json`` file
+    its subject.  The load direction
     is a record's ``gravity_dir`` or else the folder name's rotation tag
     (``..._3_rotations`` -> right, see :func:`sphyr_jax.loadcase.gravity_from_folder`);
     folders differing only by that tag share a source label.
@@ -129,7 +137,7 @@ def load_dataset_groups(sources: Sequence, subjects: Sequence[str] | None = None
         if path.is_file():
             names, folder = [path.stem], path.parent
         else:
-            names, folder = list(subjects or list_subjects()), path
+            names, folder = list(subjects or list_subjects(2) + list_subjects(3)), path
         label = _strip_rotation_tag(folder.name)
         for subject in names:
             if subjects and subject not in subjects:

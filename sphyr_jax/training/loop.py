@@ -49,7 +49,7 @@ def design_objective(case: LoadCase, rho, solid, volume_weight, penal,
                      solver="banded") -> jax.Array:
     """Per-sample $\\log(c / c_{solid}) + \\lambda\\, vf$, (B,)."""
     c = fea.compliance(case, rho, penal, solver)
-    return jnp.log(c / solid) + volume_weight * jnp.mean(rho, axis=(-2, -1))
+    return jnp.log(c / solid) + volume_weight * jnp.mean(rho, axis=tuple(range(-case.ndim, 0)))
 
 
 def schedule(progress, cfg: LossConfig):
@@ -66,7 +66,7 @@ def batch_loss(model, case: LoadCase, features, progress, cfg: LossConfig, hard)
     Args:
         model: the density model.
         case: batched load cases (design mask = cells the model fills).
-        features: (B, C, nely, nelx).
+        features: (B, C, *cells).
         progress: training progress in [0, 1] (drives the continuations).
         cfg: loss settings.
         hard: (B,) bool (or one bool): round to one decimal (else 0/1) in the
@@ -81,12 +81,12 @@ def batch_loss(model, case: LoadCase, features, progress, cfg: LossConfig, hard)
     soft = jnp.where(case.design_mask, predict(model, features, sharp, cfg.leak), case.pinned)
     rounded = soft + jax.lax.stop_gradient(round_to_format(soft, hard) - soft)
     solid = jax.lax.stop_gradient(
-        fea.compliance(case, jnp.ones(soft.shape[-2:]), cfg.penal, cfg.solver))
+        fea.compliance(case, jnp.ones(soft.shape[-case.ndim:]), cfg.penal, cfg.solver))
     j_soft = design_objective(case, soft, solid, cfg.volume_weight, penal, cfg.solver)
     j_round = design_objective(case, rounded, solid, cfg.volume_weight,
                                jnp.where(jnp.asarray(hard), cfg.penal, 1.0), cfg.solver)
     loss = jnp.mean((1.0 - w) * j_soft + w * j_round)
-    vf = jnp.mean(rounded, axis=(-2, -1))
+    vf = jnp.mean(rounded, axis=tuple(range(-case.ndim, 0)))
     aux = {"soft": jnp.mean(j_soft), "rounded": jnp.mean(j_round),
            "volume_fraction": jnp.mean(vf),
            "carrying": jnp.mean(j_round - cfg.volume_weight * vf

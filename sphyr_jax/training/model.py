@@ -1,7 +1,9 @@
 """The density model and its checkpoints.
 
 :class:`DensityNet` maps one sample's features (channels, nely, nelx) (see
-:data:`sphyr_jax.training.problems.CHANNELS`) to logits (nely, nelx); a sigmoid
+:data:`sphyr_jax.training.problems.CHANNELS`) to logits (nely, nelx) — or, with
+``ndim=3``, voxel features (channels, nz, ny, nx) to logits (nz, ny, nx) by 3D
+convolutions; a sigmoid
 turns them into densities, which callers use only on design cells.  By default
 it is exactly equivariant to the symmetries of the problem: every input is
 turned so its load points down (the canonical frame of the SPhyR generators),
@@ -26,7 +28,7 @@ import jax.numpy as jnp
 
 from sphyr_jax.symmetry import turn_planes, turn_vector
 from sphyr_jax.training.config import ModelConfig, model_config_from_dict
-from sphyr_jax.training.problems import CHANNELS
+from sphyr_jax.training.problems import CHANNELS, channels
 
 _G_ROW, _G_COL = CHANNELS.index("gravity_row"), CHANNELS.index("gravity_col")
 
@@ -44,35 +46,37 @@ class DensityNet(eqx.Module):
     ``init_density``, so every design cell starts at that density.
     """
 
-    stem: eqx.nn.Conv2d
+    stem: eqx.nn.Conv
     blocks: tuple
     mixers: tuple
-    head: eqx.nn.Conv2d
+    head: eqx.nn.Conv
     canonical: bool = eqx.field(static=True, default=True)
     mirror_average: bool = eqx.field(static=True, default=True)
 
     def __init__(self, config: ModelConfig, key):
-        self.canonical = config.canonical
+        self.canonical = config.canonical and config.ndim == 2
         self.mirror_average = config.mirror_average
         n = len(config.dilations)
         keys = jax.random.split(key, 2 * n + 2)
         w = config.width
-        self.stem = eqx.nn.Conv2d(len(CHANNELS), w, 3, padding=1, key=keys[0])
-        self.blocks = tuple(eqx.nn.Conv2d(w, w, 3, padding=d, dilation=d, key=keys[1 + i])
+        conv = eqx.nn.Conv2d if config.ndim == 2 else eqx.nn.Conv3d
+        self.stem = conv(len(channels(config.ndim)), w, 3, padding=1, key=keys[0])
+        self.blocks = tuple(conv(w, w, 3, padding=d, dilation=d, key=keys[1 + i])
                             for i, d in enumerate(config.dilations))
         self.mixers = tuple(eqx.nn.Linear(w, w, key=keys[1 + n + i]) for i in range(n))
         p = config.init_density
-        head = eqx.nn.Conv2d(w, 1, 1, key=keys[-1])
+        head = conv(w, 1, 1, key=keys[-1])
         self.head = eqx.tree_at(lambda h: (h.weight, h.bias), head,
                                 (jnp.zeros_like(head.weight),
                                  jnp.full_like(head.bias, math.log(p / (1.0 - p)))))
 
     def net(self, features: jax.Array) -> jax.Array:
-        """Logits (nely, nelx) of the bare conv net (no symmetrisation) of (C, nely, nelx)."""
+        """Logits (*cells) of the bare conv net (no symmetrisation) of (C, *cells)."""
         h = self.stem(features)
+        spatial = tuple(range(1, h.ndim))
         for conv, mix in zip(self.blocks, self.mixers, strict=True):
-            g = mix(jnp.mean(h, axis=(1, 2)))
-            h = h + conv(jax.nn.gelu(h + g[:, None, None]))
+            g = mix(jnp.mean(h, axis=spatial))
+            h = h + conv(jax.nn.gelu(h + g.reshape(g.shape + (1,) * len(spatial))))
         return self.head(jax.nn.gelu(h))[0]
 
     def __call__(self, features: jax.Array) -> jax.Array:
@@ -83,9 +87,16 @@ class DensityNet(eqx.Module):
         non-square grid only half turns: up -> down), its gravity channels set
         to the turned direction, and the logits turned back by k.  With
         ``mirror_average`` the logits of the (turned) input and of its
-        left-right mirror (gravity column negated) are averaged.
+        left-right mirror (gravity column negated) are averaged.  Voxel
+        features (C, nz, ny, nx) are only mirrored (their load points down).
         """
         x = features
+        if x.ndim == 4:
+            z = self.net(x)
+            if self.mirror_average:
+                xm = jnp.flip(x, axis=-1).at[-1].multiply(-1.0)  # gravity_col is last
+                z = 0.5 * (z + jnp.flip(self.net(xm), axis=-1))
+            return z
         g = jnp.stack([features[_G_ROW, 0, 0], features[_G_COL, 0, 0]])
         k = jnp.asarray(0)
         if self.canonical:
@@ -112,11 +123,11 @@ def init_model(config: ModelConfig, key) -> DensityNet:
 
 
 def predict(model: DensityNet, features: jax.Array, sharpness=1.0, leak=0.0) -> jax.Array:
-    """Densities sigmoid(sharpness * logits) of a batch, (B, nely, nelx).
+    """Densities sigmoid(sharpness * logits) of a batch, (B, *cells).
 
     Args:
         model: the density model.
-        features: (B, C, nely, nelx).
+        features: (B, C, *cells).
         sharpness: logit scale (1 at inference).
         leak: added to the derivative with respect to the scaled logits
             without changing the value (keeps saturated cells trainable).

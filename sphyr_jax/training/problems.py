@@ -14,6 +14,9 @@ from a dataset's input grid.
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -26,40 +29,52 @@ from sphyr_jax.symmetry import AXIS_DIRECTIONS, mirror_planes, turn_planes
 from sphyr_jax.training.config import MASK_VARIANTS, ProblemConfig
 
 CHANNELS = ("load", "support", "masked", "known", "gravity_row", "gravity_col")
+CHANNELS_3D = ("load", "support", "masked", "known", "gravity_layer", "gravity_row",
+               "gravity_col")
+
+
+def channels(ndim: int = 2) -> tuple[str, ...]:
+    """Names of the model's input channels on grids of ``ndim`` axes."""
+    return CHANNELS if ndim == 2 else CHANNELS_3D
 
 
 def _node_sum(cells: jax.Array) -> jax.Array:
-    """Sum of a cell field over the four cells around each node, (nely+1, nelx+1)."""
-    return sum(jnp.pad(cells, ((dr, 1 - dr), (dc, 1 - dc))) for dr in (0, 1) for dc in (0, 1))
+    """Sum of a cell field over the $2^d$ cells around each node, (*(cells + 1))."""
+    d = cells.ndim
+    return sum(jnp.pad(cells, [(o, 1 - o) for o in off])
+               for off in itertools.product((0, 1), repeat=d))
 
 
 def force_vector(load_mask: jax.Array, gravity: jax.Array) -> jax.Array:
-    """Unit resultant split over the four nodes of every load cell, (n_dofs,).
+    """Unit resultant split over the $2^d$ nodes of every load cell, (n_dofs,).
 
-    The JAX twin of :func:`sphyr_jax.loadcase.force_vector` (traceable).
+    The JAX twin of :func:`sphyr_jax.loadcase.force_vector` (traceable): DOF k
+    of a node points along grid axis $d - 1 - k$ (column, row[, layer]).
     """
-    node = _node_sum(load_mask / (4.0 * jnp.maximum(jnp.sum(load_mask), 1))).ravel()
-    return jnp.stack([node * gravity[1], node * gravity[0]], axis=-1).ravel()
+    d = load_mask.ndim
+    node = _node_sum(load_mask / (2.0 ** d * jnp.maximum(jnp.sum(load_mask), 1))).ravel()
+    return jnp.stack([node * gravity[d - 1 - k] for k in range(d)], axis=-1).ravel()
 
 
 def free_dofs(support_mask: jax.Array) -> jax.Array:
-    """False on both DOFs of the four nodes of every support cell, (n_dofs,)."""
-    return jnp.repeat(_node_sum(support_mask.astype(jnp.int32)).ravel() == 0, 2)
+    """False on every DOF of the nodes of every support cell, (n_dofs,)."""
+    d = support_mask.ndim
+    return jnp.repeat(_node_sum(support_mask.astype(jnp.int32)).ravel() == 0, d)
 
 
 def input_features(load, support, masked, known, gravity) -> jax.Array:
-    """Model input of one grid, (len(CHANNELS), nely, nelx) float64.
+    """Model input of one grid, (len(channels(d)), *cells) float64.
 
     Args:
-        load, support: (nely, nelx) visible L / S cells.
-        masked: (nely, nelx) V cells.
-        known: (nely, nelx) densities of visible cells (L/S solid), 0 on V cells.
-        gravity: (2,) unit load direction (row, col).
+        load, support: (*cells) visible L / S cells ((nely, nelx) or (nz, ny, nx)).
+        masked: (*cells) V cells.
+        known: (*cells) densities of visible cells (L/S solid), 0 on V cells.
+        gravity: (d,) unit load direction ((row, col) or (layer, row, col)).
     """
     ones = jnp.ones(jnp.shape(load), jnp.float64)
     g = jnp.asarray(gravity, jnp.float64)
     planes = [jnp.asarray(a, jnp.float64) for a in (load, support, masked, known)]
-    return jnp.stack(planes + [g[0] * ones, g[1] * ones])
+    return jnp.stack(planes + [g[k] * ones for k in range(g.shape[0])])
 
 
 def build_problem(load, support, gravity, known, masked) -> tuple[LoadCase, jax.Array]:
@@ -124,49 +139,72 @@ def sample_boundary(key, cfg: ProblemConfig):
     """Canonical-frame boundary conditions of one problem.
 
     Returns:
-        (load (nely, nelx) bool: a run on the top row, support (nely, nelx)
-        bool: a run on the bottom row, gravity (2,): down).
+        (load (*shape) bool: a run on the top row — in 3D a rectangular patch
+        of the top layer, each side a run —, support: the same on the bottom
+        row / layer, gravity (d,): down).
     """
-    nely, nelx = cfg.shape
     k1, k2 = jax.random.split(key)
-    rows = jnp.arange(nely)[:, None]
-    load = (rows == 0) & _run(k1, nelx, cfg.load_run)[None, :]
-    support = (rows == nely - 1) & _run(k2, nelx, cfg.support_run)[None, :]
-    return load, support, jnp.asarray(DEFAULT_GRAVITY, jnp.float64)
+    top = jnp.arange(cfg.shape[0]) == 0
+    bottom = jnp.arange(cfg.shape[0]) == cfg.shape[0] - 1
+
+    def patch(k, first, lengths):
+        ks = [k] if len(cfg.shape) == 2 else jax.random.split(k, len(cfg.shape) - 1)
+        out = first
+        for axis, n in enumerate(cfg.shape[1:]):
+            run = _run(ks[axis], n, lengths)
+            out = out[..., None] & run.reshape((1,) * (axis + 1) + (n,))
+        return out
+
+    load = patch(k1, top, cfg.load_run)
+    support = patch(k2, bottom, cfg.support_run)
+    gravity = (1.0,) + (0.0,) * (len(cfg.shape) - 1)
+    return load, support, jnp.asarray(gravity, jnp.float64)
 
 
-def variant_mask(key, variant, shape: tuple[int, int]) -> jax.Array:
-    """The canonical-frame mask (nely, nelx) bool of a SPhyR variant (index into ``MASK_VARIANTS``).
+def variant_mask(key, variant, shape: tuple[int, ...]) -> jax.Array:
+    """The canonical-frame mask (*shape) bool of a SPhyR variant (index into ``MASK_VARIANTS``).
 
-    Drawn like :func:`sphyr_jax.convert.mask_grid`: ``<n>_random_cell`` = n
-    draws with replacement anywhere (L/S cells included), ``<n>_random_row`` =
-    n distinct rows among 1..nely-2, ``<n>_random_column`` = n distinct columns
-    (L/S included), ``full`` = rows 1..nely-2.
+    Drawn like :func:`sphyr_jax.convert.mask_grid` (2D) and
+    :func:`sphyr_jax.convert.mask_grid_3d`: ``<n>_random_cell`` = n draws with
+    replacement anywhere (L/S cells included); ``<n>_random_row`` = n distinct
+    rows among 1..nely-2 (3D: n distinct rows of the interior layers);
+    ``<n>_random_column`` = n distinct columns, L/S included (3D: vertical
+    columns through every layer); ``full`` = rows 1..nely-2 (3D: layers
+    1..nz-2).
     """
-    nely, nelx = shape
+    shape = tuple(shape)
+    first = shape[0]
+    nel = math.prod(shape)
     kc, kr, kk = jax.random.split(key, 3)
-    rows = jnp.arange(nely)
-    inner = (rows >= 1) & (rows <= nely - 2)
-    counts, options = [], []
+    inner = (jnp.arange(first) >= 1) & (jnp.arange(first) <= first - 2)
+    inner = inner.reshape((first,) + (1,) * (len(shape) - 1))
+    # Row-like units: a row (2D) or a row of an interior layer (3D), (*shape[:-1]).
+    row_units = jnp.broadcast_to(inner, shape[:-1] + (1,))[..., 0]
+    # Column-like units: a column (2D) or a vertical column of voxels (3D), (*shape[1:]).
+    col_shape = shape[1:]
+    options = []
     max_cells = max(int(v.split("_")[0]) for v in MASK_VARIANTS if v.endswith("cell"))
-    picks = jax.random.randint(kc, (max_cells,), 0, nely * nelx)
-    row_pick = jax.random.uniform(kr, (nely,))
-    col_pick = jax.random.uniform(kk, (nelx,))
+    picks = jax.random.randint(kc, (max_cells,), 0, nel)
+    row_pick = jax.random.uniform(kr, shape[:-1])
+    col_pick = jax.random.uniform(kk, col_shape)
+
+    def distinct(u, eligible, n):
+        u = jnp.where(eligible, u, 2.0).ravel()
+        return (jnp.argsort(jnp.argsort(u)) < n).reshape(eligible.shape)
+
     for name in MASK_VARIANTS:
         if name == "full":
-            options.append(jnp.broadcast_to(inner[:, None], shape))
+            options.append(jnp.broadcast_to(inner, shape))
             continue
         n, kind = int(name.split("_")[0]), name.split("_")[-1]
-        counts.append(n)
         if kind == "cell":
-            cells = jnp.zeros(nely * nelx, bool).at[picks].max(jnp.arange(max_cells) < n)
+            cells = jnp.zeros(nel, bool).at[picks].max(jnp.arange(max_cells) < n)
             options.append(cells.reshape(shape))
         elif kind == "row":
-            u = jnp.where(inner, row_pick, 2.0)
-            options.append(jnp.broadcast_to((jnp.argsort(jnp.argsort(u)) < n)[:, None], shape))
+            options.append(jnp.broadcast_to(distinct(row_pick, row_units, n)[..., None], shape))
         else:
-            options.append(jnp.broadcast_to((jnp.argsort(jnp.argsort(col_pick)) < n)[None, :],
-                                            shape))
+            cols = distinct(col_pick, jnp.ones(col_shape, bool), n)
+            options.append(jnp.broadcast_to(cols[None], shape))
     return jnp.stack(options)[variant]
 
 
@@ -243,7 +281,9 @@ def sample_problem(key, cfg: ProblemConfig, pool: Pool | None = None):
     ``pool_fraction`` of the full masks; else fresh runs and empty cells),
     a mask variant, a format, then a left-right mirror (``mirror_fraction``)
     and the quarter turns of the drawn load direction, applied to the load,
-    support, known and masked cells alike; see :func:`build_problem`.
+    support, known and masked cells alike; see :func:`build_problem`.  Voxel
+    problems (a 3D ``cfg.shape``) are mirrored but not turned: their load
+    points down.
     """
     ks = jax.random.split(key, 7)
     masked, variant = sample_mask_and_variant(ks[0], cfg)
@@ -260,10 +300,14 @@ def sample_problem(key, cfg: ProblemConfig, pool: Pool | None = None):
     mirrored = jax.random.uniform(ks[5]) < cfg.mirror_fraction
     direction = _draw(ks[6], cfg.direction_weights)
     planes = jnp.stack([load, support, masked, known]).astype(jnp.float64)
-    planes = turn_planes(mirror_planes(planes, mirrored), direction)
+    planes = mirror_planes(planes, mirrored)
+    if len(cfg.shape) == 2:
+        planes = turn_planes(planes, direction)
+        gravity = jnp.asarray(AXIS_DIRECTIONS, jnp.float64)[direction]
+    else:  # voxel problems keep the canonical frame: the load points down
+        gravity = jnp.asarray((1.0, 0.0, 0.0))
     load, support, masked = (planes[i] > 0.5 for i in range(3))
     known = planes[3]
-    gravity = jnp.asarray(AXIS_DIRECTIONS, jnp.float64)[direction]
     case, features = build_problem(load, support, gravity, known, masked)
     info = ProblemInfo(variant=variant, hard=hard, direction=direction, mirrored=mirrored)
     return case, features, info
@@ -277,27 +321,37 @@ def needs_pool(cfg: ProblemConfig) -> bool:
 
 
 def sample_problems(key, batch_size: int, cfg: ProblemConfig, pool: Pool | None = None):
-    """A batch of random problems: (LoadCase with leading axis B, features (B, C, H, W),
+    """A batch of random problems: (LoadCase with leading axis B, features (B, C, *shape),
     :class:`ProblemInfo` of (B,) arrays)."""
     return jax.vmap(lambda k: sample_problem(k, cfg, pool))(jax.random.split(key, batch_size))
 
 
-def grid_features(input_grid, gravity_dir=DEFAULT_GRAVITY) -> np.ndarray:
-    """Model features of a dataset input grid (text or tokens), (C, nely, nelx).
+def grid_features(input_grid, gravity_dir=None) -> np.ndarray:
+    """Model features of a dataset input grid (text or tokens), (C, *cells).
 
     ``L``/``S`` tokens are visible load/support cells (solid), ``V`` tokens masked
     cells, numbers known densities (clipped to [0, 1]; unparsable tokens read 0).
+    A grid of layers (3D) gives voxel features; ``gravity_dir`` defaults to
+    down ((1, 0) or (1, 0, 0)).
     """
     grid = as_grid(input_grid)
     shape = check_rectangular(grid, "input grid")
-    tokens = np.array([[str(t).strip() for t in row] for row in grid], dtype=object)
+    ndim = len(shape)
+    tokens = np.empty(shape, dtype=object)
+    for idx in np.ndindex(*shape):
+        cell = grid
+        for i in idx:
+            cell = cell[i]
+        tokens[idx] = str(cell).strip()
     known = np.zeros(shape)
-    for (r, c), t in np.ndenumerate(tokens):
+    for idx, t in np.ndenumerate(tokens):
         if t in (LOAD, SUPPORT):
-            known[r, c] = 1.0
+            known[idx] = 1.0
         elif t != MASK:
             v = parse_number(t)
-            known[r, c] = 0.0 if v is None else min(max(v, 0.0), 1.0)
+            known[idx] = 0.0 if v is None else min(max(v, 0.0), 1.0)
+    if gravity_dir is None:
+        gravity_dir = DEFAULT_GRAVITY if ndim == 2 else (1.0, 0.0, 0.0)
     feats = input_features(tokens == LOAD, tokens == SUPPORT, tokens == MASK, known,
-                           normalise_gravity(gravity_dir))
+                           normalise_gravity(gravity_dir, ndim))
     return np.asarray(feats)
