@@ -285,7 +285,8 @@ class Kernels:
         self.kind = kind
         self.grid = st.get_grid(shape)
         self.mesh = get_mesh(*shape, block=solver.block) if self.ndim == 2 else None
-        self.mg_options = mg.MGOptions(tol=solver.tol, max_iter=solver.max_iter or mg.MGOptions().max_iter)
+        self.mg_options = mg.MGOptions(tol=solver.tol,
+                                       max_iter=solver.max_iter or mg.MGOptions().max_iter)
         chunk = default_chunk(solver)
 
         def factor(moduli, free):
