@@ -534,7 +534,7 @@ def test_simp_optimize_in_3d(embedded_3d):
     assert float(res.compliance[0]) < 0.9 * float(sj.compliance(case, start)[0])
 
 
-def test_scoring_voxel_completions():
+def test_scoring_voxel_completions(optimum_cache):
     """The whole scoring path on a voxel sample: the optimum is at least as stiff as
     the answer within its budget, an empty completion scores 0, a solid one its
     material efficiency."""
@@ -548,7 +548,8 @@ def test_scoring_voxel_completions():
                 for layer in gt]
 
     answer, empty, solid = sj.score_batch(
-        [sj.ScoreItem(c, gt, rec["input_grid"]) for c in (gt, filled("0"), filled("1"))])
+        [sj.ScoreItem(c, gt, rec["input_grid"]) for c in (gt, filled("0"), filled("1"))],
+        optimum_cache)
     assert answer.physically_valid and answer.load_carrying
     assert answer.optimal_compliance <= answer.ground_truth_compliance * (1 + 1e-12)
     assert 0.0 < answer.topology_score <= 1.0
@@ -560,3 +561,55 @@ def test_scoring_voxel_completions():
     # A completion of the wrong shape (a 2D grid) is invalid, not an exception.
     flat = sj.get_structural_metrics(gt[0], gt, rec["input_grid"])
     assert not flat.physically_valid and flat.topology_score == 0.0
+
+
+def test_rescore_tree_with_voxel_and_2d_results(tmp_path, optimum_cache):
+    """A results tree holding 3D and 2D files rescores in one pass: voxel completions
+    are read out of raw text (layers split by blank lines, prose around them), the
+    answer scores as the answer, hostile text is invalid, aggregates sum the records."""
+    import json
+
+    from sphyr_jax.grids import grid_to_text
+    from sphyr_jax.results import rescore_tree
+
+    rec3 = json.loads((EMBEDDED_3D / "full_easy_3d.jsonl").read_text().splitlines()[1])
+    rec2 = json.loads((REPO / "data" / "dataset" / "full_easy.jsonl").read_text()
+                      .splitlines()[0])
+    empty3 = [[["0" if t == "V" else t for t in row] for row in layer]
+              for layer in rec3["input_grid"]]
+    prompt3 = "Fill the V voxels.\n\n" + grid_to_text(rec3["input_grid"])
+    records3 = [
+        {"prompt": prompt3, "ground_truth": rec3["ground_truth"], "model_note": "kept",
+         "completion": "Here is the design:\n```\n" + grid_to_text(rec3["ground_truth"])
+         + "\n```\nDone."},
+        {"prompt": prompt3, "ground_truth": rec3["ground_truth"],
+         "completion": grid_to_text(empty3)},
+        {"prompt": prompt3, "ground_truth": rec3["ground_truth"],
+         "completion": "I cannot do that in three dimensions."},
+    ]
+    records2 = [{"prompt": "Fill:\n" + grid_to_text(rec2["input_grid"]),
+                 "ground_truth": rec2["ground_truth"],
+                 "completion": grid_to_text(rec2["ground_truth"])}]
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "full_easy_3d_results.json").write_text(json.dumps(records3))
+    (tmp_path / "model" / "full_easy_results.json").write_text(json.dumps(records2))
+    summary = rescore_tree(tmp_path, cache=optimum_cache)
+    assert summary.files == 2 and summary.records == 4 and summary.invalid_records == 1
+    out3 = json.loads((tmp_path / "model" / "full_easy_3d_results.json").read_text())
+    answer, empty, hostile = out3
+    assert answer["model_note"] == "kept"
+    assert answer["physically_valid"] and answer["load_carrying"]
+    np.testing.assert_allclose(answer["compliance"], answer["ground_truth_compliance"],
+                               rtol=1e-9)
+    direct = sj.score_batch([sj.ScoreItem(rec3["ground_truth"], rec3["ground_truth"],
+                                          rec3["input_grid"])], optimum_cache)[0]
+    np.testing.assert_allclose(answer["topology_score"], direct.topology_score, rtol=1e-12)
+    assert empty["physically_valid"] and not empty["load_carrying"]
+    assert empty["topology_score"] == 0.0
+    assert not hostile["physically_valid"] and hostile["topology_score"] == 0.0
+    agg = json.loads((tmp_path / "model" / "full_easy_3d_aggregated_results.json").read_text())
+    assert agg["evaluated_samples"] == 3 and agg["optimum"] == "reference"
+    np.testing.assert_allclose(agg["total_topology_score"],
+                               sum(r["topology_score"] for r in out3), rtol=1e-12)
+    out2 = json.loads((tmp_path / "model" / "full_easy_results.json").read_text())
+    assert out2[0]["load_carrying"] and out2[0]["topology_score"] > 0.0
