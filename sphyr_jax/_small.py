@@ -7,6 +7,7 @@ execute concurrently.  Matrices are (..., k, k) arrays with small static k.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 
@@ -57,3 +58,66 @@ def spd_quadratic(m, w):
         z.append(zi)
         total = total + zi * zi
     return total
+
+
+def cholesky_loop(m):
+    """Lower Cholesky factors of SPD matrices (..., n, n) by a ``fori_loop`` over columns.
+
+    For moderate n (tens to a few hundred), where unrolling would blow up the
+    program: column j is scaled by its pivot, then the trailing block takes a
+    rank-1 update.  Plain element-wise work, no LAPACK custom call (batched
+    LAPACK kernels share XLA's CPU thread pool and can deadlock when several
+    run at once).
+    """
+    n = m.shape[-1]
+    idx = jnp.arange(n)
+
+    def body(j, a):
+        col = a[..., :, j]
+        pivot = jnp.sqrt(col[..., j])
+        col = jnp.where(idx >= j, col / pivot[..., None], 0.0)
+        trailing = jnp.where(idx > j, col, 0.0)
+        a = a - trailing[..., :, None] * trailing[..., None, :]
+        return a.at[..., :, j].set(col)
+
+    low = jax.lax.fori_loop(0, n, body, m)
+    return jnp.where(idx[:, None] >= idx[None, :], low, 0.0)
+
+
+def cho_solve_loop(low, b):
+    """$x = (L L^T)^{-1} b$ for factors (..., n, n) of :func:`cholesky_loop` and b (..., n)."""
+    n = low.shape[-1]
+    idx = jnp.arange(n)
+
+    def forward(i, y):
+        yi = (b[..., i] - jnp.sum(low[..., i, :] * jnp.where(idx < i, y, 0.0), axis=-1))
+        return y.at[..., i].set(yi / low[..., i, i])
+
+    def backward(k, x):
+        i = n - 1 - k
+        xi = (y[..., i] - jnp.sum(low[..., :, i] * jnp.where(idx > i, x, 0.0), axis=-1))
+        return x.at[..., i].set(xi / low[..., i, i])
+
+    y = jax.lax.fori_loop(0, n, forward, jnp.zeros_like(b))
+    return jax.lax.fori_loop(0, n, backward, jnp.zeros_like(b))
+
+
+def spd_inverse_loop(m):
+    """Inverses $X^T X$, $X = L^{-1}$, of SPD matrices (..., n, n) (symmetric PSD by construction).
+
+    ``L`` from :func:`cholesky_loop`, ``X`` by forward substitution on the
+    identity (a ``fori_loop`` over rows), so applying the inverse later is one
+    matrix-vector product instead of two sequential substitutions.
+    """
+    n = m.shape[-1]
+    idx = jnp.arange(n)
+    low = cholesky_loop(m)
+    eye = jnp.broadcast_to(jnp.eye(n, dtype=m.dtype), m.shape)
+
+    def forward(i, x):
+        row = low[..., i, :] * (idx < i)
+        xi = (eye[..., i, :] - jnp.einsum("...p,...pj->...j", row, x)) / low[..., i, i, None]
+        return x.at[..., i, :].set(xi)
+
+    x = jax.lax.fori_loop(0, n, forward, jnp.zeros_like(m))
+    return jnp.einsum("...pi,...pj->...ij", x, x)

@@ -115,10 +115,6 @@ def _analyze_fn(load_case, densities):
 
 def analyze_batch(load_case: LoadCase, densities, num_devices: int | None = None):
     """:func:`sphyr_jax.fea.analyze` of a batch, split over devices (NumPy out)."""
-    if load_case.ndim == 3:
-        # The multigrid's coarsest solve is a LAPACK call, which can deadlock when
-        # several XLA CPU devices run it at once: voxel batches stay on one device.
-        num_devices = 1
     res = batch_call(_analyze_fn, load_case, np.asarray(densities, np.float64),
                      num_devices=num_devices)
     return jax.tree.map(np.asarray, res)

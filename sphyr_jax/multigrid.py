@@ -25,7 +25,13 @@ geometric-multigrid V-cycle per iteration:
   converted SPhyR-3D answers (about 30 iterations to $10^{-10}$).
 * Coarsest level: dense Cholesky of the assembled Galerkin matrix, rows
   without stiffness (padding) replaced by the identity, a relative
-  $10^{-12}$ diagonal shift as safeguard.
+  $10^{-12}$ diagonal shift as safeguard; its inverse $X^T X$, $X = L^{-1}$,
+  is formed once per hierarchy, so a coarse solve is one matrix-vector
+  product.  Factor and inverse are plain JAX loops
+  (:func:`sphyr_jax._small.spd_inverse_loop`): jaxlib's batched LAPACK
+  Cholesky spreads a batch over XLA's CPU thread pool and waits for it, so
+  two of them running at once (three solves of a training step, or several
+  devices) could block every thread of a small pool for good.
 * Direct fallback: a geometric hierarchy cannot see the rigid-body modes of
   small islands of material floating in $E_{min}$ void (scattered cells of a
   model's completion, isolated voxels of a rounding); each island adds six
@@ -59,6 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sphyr_jax import _small
 from sphyr_jax import structured as st
 
 COARSE_SHIFT = 1e-12
@@ -326,8 +333,8 @@ def build_hierarchy(options: MGOptions, moduli, free_lat):
 
     Returns:
         A dict with the fine ``moduli``/``free``/``inv_diag``, per coarse level
-        the element matrices ``kes`` and ``inv_diag``, and the coarsest
-        Cholesky factor ``chol`` (B, n, n).
+        the element matrices ``kes`` and ``inv_diag``, and the inverse of the
+        coarsest matrix ``coarse_inverse`` (B, n, n).
     """
     dim = moduli.ndim - 1
     levels = plan(tuple(moduli.shape[:dim]), options.max_coarse_dofs, options.levels)
@@ -353,7 +360,7 @@ def build_hierarchy(options: MGOptions, moduli, free_lat):
     d = jnp.diagonal(kd, axis1=1, axis2=2)
     empty = d <= 0.0
     kd = kd + jax.vmap(jnp.diag)(jnp.where(empty, 1.0, COARSE_SHIFT * d))
-    data["chol"] = jnp.linalg.cholesky(kd)
+    data["coarse_inverse"] = _small.spd_inverse_loop(kd)
     return data, levels
 
 
@@ -369,7 +376,7 @@ def _level_matvec(levels, data, li, x):
 def _coarse_solve(levels, data, b):
     grid = st.get_grid(levels[-1].cells)
     flat = jnp.moveaxis(st.from_lattice(grid, b), -1, 0)  # (B, n)
-    x = jax.scipy.linalg.cho_solve((data["chol"], True), flat[..., None])[..., 0]
+    x = jnp.einsum("bij,bj->bi", data["coarse_inverse"], flat)
     return st.to_lattice(grid, jnp.moveaxis(x, 0, -1))
 
 

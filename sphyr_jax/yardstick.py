@@ -12,6 +12,12 @@ published scoring takes the stiffest within-budget design among
 
 then polishes the rounding of the winner by single swaps
 (:mod:`sphyr_jax.yardstick_polish`) and keeps the polish if it is stiffer and within budget.
+
+Voxel grids (SPhyR-3D) run the same program with :data:`VOXEL_REFERENCE`:
+the six runs share two pool slots per sample, every solve is a multigrid CG
+(to :data:`VOXEL_SIMP_SOLVE_TOL` inside SIMP, 1e-10 for scores), the filter is
+the 3D cone (a voxel and its 6 face neighbours at radius 1.2), and each swap
+of the polish is solved outright.
 Every step follows the published method, including its quirks: the first
 SIMP iteration solves the *unfiltered* start design, the sensitivity is
 $-p \\max(\\rho, 10^{-9})^{p-1} u_e^T K_e u_e$, the multiplier bisection returns the
@@ -100,8 +106,11 @@ class ReferenceOptions:
 DEFAULT_REFERENCE = ReferenceOptions()
 # The same recipe on voxel grids (SPhyR-3D has no published optimum): SIMP
 # runs stop at a largest design change of 1e-2 (the usual 3D setting, as in
-# top3d) or after 100 iterations, and there is no swap polish.
-VOXEL_REFERENCE = ReferenceOptions(tol=1e-2, max_iterations=100, polish_passes=0)
+# top3d) or after 100 iterations; the swap polish offers the 4 least strained
+# solid voxels x the 6 empty voxels beside the most strained ones per pass,
+# each pair solved outright (:func:`sphyr_jax.yardstick_polish.polish_exact`).
+VOXEL_REFERENCE = ReferenceOptions(tol=1e-2, max_iterations=100, source_limit=4,
+                                   target_limit=6)
 
 
 def grid_options(options: ReferenceOptions, ndim: int) -> ReferenceOptions:
@@ -463,11 +472,8 @@ def reference_optimum_batch(load_case: LoadCase, seeds=None,
         part = jax.tree.map(lambda a, pad=pad: a[pad], case_np)
         # At least MIN_PER_DEVICE samples per device: splitting a few samples
         # gains nothing, and programs of 2 or 4 samples per device stalled in
-        # XLA's CPU runtime (8 and more run fine).  Voxel batches stay on one
-        # device: the multigrid's LAPACK calls can deadlock several CPU devices.
+        # XLA's CPU runtime (8 and more run fine).
         devices = max(1, min(device_count(options.num_devices), size // MIN_PER_DEVICE))
-        if ndim != 2:
-            devices = 1
         res = batch_call(_program, part, seeds[pad], active, static=static,
                          num_devices=devices)
         outs.append({k: np.asarray(v)[: len(idx)] for k, v in res.items()})
