@@ -84,24 +84,6 @@ def cholesky_loop(m):
     return jnp.where(idx[:, None] >= idx[None, :], low, 0.0)
 
 
-def cho_solve_loop(low, b):
-    """$x = (L L^T)^{-1} b$ for factors (..., n, n) of :func:`cholesky_loop` and b (..., n)."""
-    n = low.shape[-1]
-    idx = jnp.arange(n)
-
-    def forward(i, y):
-        yi = (b[..., i] - jnp.sum(low[..., i, :] * jnp.where(idx < i, y, 0.0), axis=-1))
-        return y.at[..., i].set(yi / low[..., i, i])
-
-    def backward(k, x):
-        i = n - 1 - k
-        xi = (y[..., i] - jnp.sum(low[..., :, i] * jnp.where(idx > i, x, 0.0), axis=-1))
-        return x.at[..., i].set(xi / low[..., i, i])
-
-    y = jax.lax.fori_loop(0, n, forward, jnp.zeros_like(b))
-    return jax.lax.fori_loop(0, n, backward, jnp.zeros_like(b))
-
-
 def spd_inverse_loop(m):
     """Inverses $X^T X$, $X = L^{-1}$, of SPD matrices (..., n, n) (symmetric PSD by construction).
 
