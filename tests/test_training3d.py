@@ -174,5 +174,30 @@ def test_voxel_completions_keep_known_cells_and_score(trained3d):
                     assert t_out == f"{round(float(t_out), 1):.1f}"
                 else:
                     assert t_out == t_in
+    # Folders without a direction tag give the 2D default, which means down here too.
+    assert training.complete_grids(model, [rec["input_grid"]], True, [(1, 0)])[0] == done
+    with pytest.raises(training.problems.InvalidProblemError):
+        training.grid_features(rec["input_grid"], (0, 1))
     assert sum(t == "V" for t in itertools.chain.from_iterable(
         itertools.chain.from_iterable(rec["input_grid"]))) == 10
+
+
+def test_voxel_baselines_fill_every_masked_voxel(optimum_cache):
+    """The leaderboard's empty / solid baselines on a voxel record: every V voxel
+    filled, the empty fill carries nothing, the solid one scores its material
+    efficiency (structural efficiency 1)."""
+    rec = json.loads((REPO / "data" / "dataset_3d" / "full_easy_3d.jsonl").read_text()
+                     .splitlines()[1])
+    solid = training.evaluation.fill_masked(rec["input_grid"], "1")
+    flat_in = list(itertools.chain.from_iterable(itertools.chain.from_iterable(
+        rec["input_grid"])))
+    flat_out = list(itertools.chain.from_iterable(itertools.chain.from_iterable(solid)))
+    assert "V" not in flat_out and len(flat_out) == len(flat_in) == 1000
+    assert all(o == i for i, o in zip(flat_in, flat_out, strict=True) if i != "V")
+    empty_scores = training.fill_baseline([rec], "0", cache=optimum_cache)
+    solid_scores = training.fill_baseline([rec], "1", cache=optimum_cache)
+    assert empty_scores["topology_score"] == 0.0 and empty_scores["load_carrying"] == 0.0
+    m = solid_scores["per_record"][0]
+    assert m["load_carrying"] and m["structural_efficiency"] == 1.0
+    np.testing.assert_allclose(m["topology_score"], m["material_efficiency"], rtol=1e-12)
+    assert 0.0 < m["topology_score"] < 1.0

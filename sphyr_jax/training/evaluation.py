@@ -75,6 +75,19 @@ def _fill(grid, values, hard: bool):
             for t, v in zip(grid, values, strict=True)]
 
 
+def fill_masked(input_grid, token: str) -> list:
+    """The input grid (2D or 3D) with every ``V`` cell replaced by ``token``."""
+    grid = as_grid(input_grid)
+    shape = check_rectangular(grid)
+
+    def fill(g, depth):
+        if depth == 1:
+            return [token if str(t).strip() == MASK else str(t).strip() for t in g]
+        return [fill(sub, depth - 1) for sub in g]
+
+    return fill(grid, len(shape))
+
+
 def complete_grid(model, input_grid, hard: bool, gravity_dir=None) -> list:
     """The input grid with every ``V`` cell filled in the subject's format (token rows)."""
     return complete_grids(model, [input_grid], hard, [gravity_dir])[0]
@@ -137,8 +150,7 @@ def evaluate(model, records: Sequence[dict], hard: bool, cache=None,
 def fill_baseline(records: Sequence[dict], token: str, cache=None,
                   num_devices: int | None = None) -> dict:
     """Score completions that put ``token`` (``"0"``: empty, ``"1"``: solid) in every V cell."""
-    completions = [_fill(g, np.ones(check_rectangular(g)) * (token == "1"), False)
-                   for g in (as_grid(r["input_grid"]) for r in records)]
+    completions = [fill_masked(r["input_grid"], token) for r in records]
     return score_completions(records, completions, cache, num_devices)
 
 

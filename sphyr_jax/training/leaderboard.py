@@ -21,11 +21,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sphyr_jax.grids import MASK, as_grid, extract_grid
+from sphyr_jax.grids import extract_grid
 from sphyr_jax.loadcase import gravity_from_folder, normalise_gravity
 from sphyr_jax.symmetry import AXIS_DIRECTIONS, ROTATION_TAGS, turn_records
 from sphyr_jax.training.config import DIRECTION_NAMES
-from sphyr_jax.training.evaluation import complete_records, score_completions
+from sphyr_jax.training.evaluation import complete_records, fill_masked, score_completions
 
 BASELINES = ("empty", "solid")
 METRICS = ("topology_score", "load_carrying")
@@ -187,11 +187,6 @@ def load_results_groups(results_root, subjects: Sequence[str] | None = None,
     return groups
 
 
-def _fill(record: dict, token: str) -> list:
-    return [[token if str(t).strip() == MASK else str(t).strip() for t in row]
-            for row in as_grid(record["input_grid"])]
-
-
 def build_leaderboard(model, groups: Sequence[EvalGroup], cache=None,
                       num_devices: int | None = None,
                       progress=None) -> dict:
@@ -219,9 +214,10 @@ def build_leaderboard(model, groups: Sequence[EvalGroup], cache=None,
     for gi, g in enumerate(groups):
         done = complete_records(model, g.records, is_hard(g.subject))
         model_completions.append(done)
-        entries = {"model": done, "empty": [_fill(r, "0.0" if is_hard(g.subject) else "0")
-                                            for r in g.records],
-                   "solid": [_fill(r, "1.0" if is_hard(g.subject) else "1") for r in g.records],
+        empty, solid = ("0.0", "1.0") if is_hard(g.subject) else ("0", "1")
+        entries = {"model": done,
+                   "empty": [fill_masked(r["input_grid"], empty) for r in g.records],
+                   "solid": [fill_masked(r["input_grid"], solid) for r in g.records],
                    **g.others}
         for name, comps in entries.items():
             records.extend(g.records)

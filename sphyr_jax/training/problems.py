@@ -23,7 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from sphyr_jax import simp
-from sphyr_jax.grids import LOAD, MASK, SUPPORT, as_grid, check_rectangular, parse_number
+from sphyr_jax.grids import (
+    LOAD,
+    MASK,
+    SUPPORT,
+    InvalidProblemError,
+    as_grid,
+    check_rectangular,
+    parse_number,
+)
 from sphyr_jax.loadcase import DEFAULT_GRAVITY, LoadCase, normalise_gravity
 from sphyr_jax.symmetry import AXIS_DIRECTIONS, mirror_planes, turn_planes
 from sphyr_jax.training.config import MASK_VARIANTS, ProblemConfig
@@ -350,6 +358,11 @@ def grid_features(input_grid, gravity_dir=None) -> np.ndarray:
         elif t != MASK:
             v = parse_number(t)
             known[idx] = 0.0 if v is None else min(max(v, 0.0), 1.0)
+    if ndim == 3 and gravity_dir is not None and np.size(gravity_dir) == 2:
+        # The 2D default (a record or folder without a direction) means down.
+        if tuple(np.ravel(gravity_dir)) != tuple(DEFAULT_GRAVITY):
+            raise InvalidProblemError(f"a 2D load direction {gravity_dir} on a voxel grid")
+        gravity_dir = None
     if gravity_dir is None:
         gravity_dir = DEFAULT_GRAVITY if ndim == 2 else (1.0, 0.0, 0.0)
     feats = input_features(tokens == LOAD, tokens == SUPPORT, tokens == MASK, known,
