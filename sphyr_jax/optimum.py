@@ -428,9 +428,12 @@ def reference_optimum_batch(load_case: LoadCase, seeds=None,
         progress: optional callable(stage, done, total).
 
     Returns:
-        An :class:`OptimumResult` (NumPy arrays).
+        An :class:`OptimumResult` (NumPy arrays).  Voxel load cases get the
+        voxel yardstick (see :func:`grid_options`).
     """
     fea.require_x64()
+    if load_case.ndim != 2:
+        return optimum_batch(load_case, seeds, options, progress)
     case_np = jax.tree.map(np.asarray, load_case)
     nb = case_np.load_mask.shape[0]
     shape = load_case.shape
