@@ -55,7 +55,6 @@ VERSION = 1
 BUCKETS = (1, 4, 16, 64)  # samples per compiled program (padded inside)
 VOXEL_BUCKETS = (1, 2, 4, 8, 16)  # the same on voxel grids (every slot costs a solve)
 VOXEL_SIMP_SOLVE_TOL = 1e-8  # relative CG residual of the SIMP solves on voxel grids
-MIN_PER_DEVICE = 8  # samples per device when a batch is split
 BUDGET_SLACK = 1e-9  # cells; a candidate may spend vf * nel + slack
 BISECTION_TOL = 1e-6
 BISECTION_BRACKET = (1e-9, 1e9)
@@ -470,10 +469,7 @@ def reference_optimum_batch(load_case: LoadCase, seeds=None,
         pad = np.concatenate([idx, np.full(size - len(idx), idx[0])])
         active = np.arange(size) < len(idx)
         part = jax.tree.map(lambda a, pad=pad: a[pad], case_np)
-        # At least MIN_PER_DEVICE samples per device: splitting a few samples
-        # gains nothing, and programs of 2 or 4 samples per device stalled in
-        # XLA's CPU runtime (8 and more run fine).
-        devices = max(1, min(device_count(options.num_devices), size // MIN_PER_DEVICE))
+        devices = max(1, min(device_count(options.num_devices), size))
         res = batch_call(_program, part, seeds[pad], active, static=static,
                          num_devices=devices)
         outs.append({k: np.asarray(v)[: len(idx)] for k, v in res.items()})

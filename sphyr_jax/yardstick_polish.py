@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sphyr_jax import _banded, fea
+from sphyr_jax import _banded, _small, fea
 from sphyr_jax.loadcase import LoadCase
 from sphyr_jax.mesh import E0, EMIN, get_mesh
 
@@ -151,16 +151,18 @@ def polish(case: LoadCase, x, mask, static):
         w = jnp.einsum("ak,Bca->Bck", modes, u_rc)  # (B, R, 5)
         g_self = jnp.einsum("Bckr,Bclr->Bckl", m, m)  # (B, R, 5, 5)
         g_st = jnp.einsum("Bskr,Btlr->Bstkl", m[:, :n_src], m[:, n_src:])  # (B, S, T, 5, 5)
-        a_ss = g_self[:, :n_src, None] + jnp.diag(d_inv[:k])
-        a_tt = g_self[:, None, n_src:] + jnp.diag(d_inv[k:])
-        a = jnp.concatenate([
-            jnp.concatenate([jnp.broadcast_to(a_ss, g_st.shape), g_st], axis=-1),
-            jnp.concatenate([g_st.swapaxes(-1, -2), jnp.broadcast_to(a_tt, g_st.shape)],
-                            axis=-1)], axis=-2)  # (B, S, T, 10, 10)
-        rhs = jnp.concatenate([jnp.broadcast_to(w[:, :n_src, None], g_st.shape[:3] + (k,)),
-                               jnp.broadcast_to(w[:, None, n_src:], g_st.shape[:3] + (k,))],
-                              axis=-1)  # (B, S, T, 10)
-        q = jnp.sum(rhs * jnp.linalg.solve(a, rhs[..., None])[..., 0], axis=-1)
+        a_ss = g_self[:, :n_src, None] + jnp.diag(d_inv[:k])  # (B, S, 1, 5, 5), indefinite
+        a_tt = g_self[:, None, n_src:] + jnp.diag(d_inv[k:])  # (B, 1, T, 5, 5), SPD
+        # q = r^T A^{-1} r for A = [[a_ss, G], [G^T, a_tt]] by blocks: the addition
+        # block a_tt first, then the removal's Schur complement a_ss - G a_tt^{-1} G^T
+        # (negative definite).  Unrolled 5 x 5 algebra (no batched LAPACK call: those
+        # share XLA's CPU thread pool and can deadlock when several devices run them).
+        inv_tt = _small.spd_inverse(a_tt)
+        r_s, r_t = w[:, :n_src, None], w[:, None, n_src:]  # (B, S, 1, 5), (B, 1, T, 5)
+        y = jnp.einsum("...kl,...l->...k", inv_tt, r_t)
+        v = r_s - jnp.einsum("...kl,...l->...k", g_st, y)  # (B, S, T, 5)
+        schur = a_ss - jnp.einsum("...kl,...lm,...nm->...kn", g_st, inv_tt, g_st)
+        q = jnp.sum(r_t * y, axis=-1) - _small.spd_quadratic(-schur, v)
         scores = c[:, None, None] - q
         ok = src_ok[:, :, None] & tgt_ok[:, None, :] & jnp.isfinite(scores) & (scores > 0)
         scores = jnp.where(ok, scores, jnp.inf).reshape(nb, -1).T  # (S T, B)
