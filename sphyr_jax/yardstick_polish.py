@@ -104,6 +104,57 @@ def _exact(mesh, case: LoadCase, x, penal):
     return fac, u, free, c
 
 
+def _swap_passes(x, mask, shape, static, evaluate, score):
+    """The published pass loop, shared by both polishes.
+
+    Each pass evaluates the design exactly, ranks ``source_limit`` solid design
+    cells by ascending strain energy and ``target_limit`` empty design cells by
+    descending neighbour energy, scores every (source, target) swap and takes
+    the first one that beats the best so far (:func:`scan_first_better`).
+
+    Args:
+        x: (B, nel) start designs.
+        mask: (B, nel) design cells.
+        shape: grid shape.
+        static: :meth:`sphyr_jax.yardstick.ReferenceOptions.static`.
+        evaluate: ``x -> (compliance (B,), unit-modulus energies (B, nel), aux)``.
+        score: ``(x, compliance, aux, src (B, S), tgt (B, T)) -> (scores (B, S, T),
+            usable (B, S, T))``: the compliance after each swap.
+
+    Returns:
+        (designs (B, nel), exact compliance (B,)).
+    """
+    passes, n_src, n_tgt = static[6:9]
+    nb, nel = x.shape
+    cells = jnp.arange(nel)
+
+    def body(st):
+        x, best, live, dirty, it = st
+        c, e, aux = evaluate(x)
+        best = jnp.where(dirty, c, best)
+        solid = x > 0.5
+        near = neighbour_energy(e.reshape((nb,) + shape),
+                                solid.reshape((nb,) + shape)).reshape(nb, nel)
+        src, src_ok = ranked(e, mask & solid, n_src)
+        tgt, tgt_ok = ranked(0.0 - near, mask & ~solid, n_tgt)
+        searching = live & (it < passes) & src_ok[:, 0] & tgt_ok[:, 0]
+        scores, usable = score(x, c, aux, src, tgt)
+        ok = src_ok[:, :, None] & tgt_ok[:, None, :] & usable
+        scores = jnp.where(ok, scores, jnp.inf).reshape(nb, -1).T  # (S T, B)
+        _, sel = scan_first_better(scores, ok.reshape(nb, -1).T, best)
+        swap = searching & (sel >= 0)
+        pick = jnp.maximum(sel, 0)
+        s_cell = jnp.take_along_axis(src, pick[:, None] // n_tgt, axis=-1)
+        t_cell = jnp.take_along_axis(tgt, pick[:, None] % n_tgt, axis=-1)
+        moved = jnp.where(cells == s_cell, 0.0, jnp.where(cells == t_cell, 1.0, x))
+        return (jnp.where(swap[:, None], moved, x), best, swap, swap, it + 1)
+
+    state = (x, jnp.full((nb,), jnp.inf), jnp.ones((nb,), bool), jnp.ones((nb,), bool),
+             jnp.int32(0))
+    x, best, _, _, _ = jax.lax.while_loop(lambda st: jnp.any(st[3]), body, state)
+    return x, best
+
+
 def polish(case: LoadCase, x, mask, static):
     """The published swap polish of 0/1 designs (B, nel): (designs, exact compliance).
 
@@ -113,10 +164,10 @@ def polish(case: LoadCase, x, mask, static):
         mask: (B, nel) design cells.
         static: :meth:`sphyr_jax.yardstick.ReferenceOptions.static`.
     """
-    penal, passes, n_src, n_tgt = static[5:9]
+    penal, _, n_src, _ = static[5:9]
     shape = case.shape
     mesh = get_mesh(*shape)
-    nb, nel = x.shape
+    nb = x.shape[0]
     n = mesh.n_dofs
     edofs = jnp.asarray(mesh.edofs)  # (nel, 8)
     ke = jnp.asarray(mesh.ke)
@@ -125,21 +176,16 @@ def polish(case: LoadCase, x, mask, static):
     k = lam.shape[0]
     delta = (E0 - EMIN) * 1.0  # E(1) - E(0) at any penalty
     d_inv = jnp.concatenate([-1.0 / (delta * lam), 1.0 / (delta * lam)])
-    cells = jnp.arange(nel)
-    n_rank = n_src + n_tgt
 
-    def body(st):
-        x, best, live, dirty, it = st
+    def evaluate(x):
         fac, u, free, c = _exact(mesh, case, x, penal)  # u (n, B)
-        best = jnp.where(dirty, c, best)
         ue = u[edofs]  # (nel, 8, B)
         e = jnp.einsum("eaB,ab,ebB->Be", ue, ke, ue)  # unit-modulus energies (B, nel)
-        solid = mask & (x > 0.5)
-        grid = (x > 0.5).reshape((nb,) + shape)
-        near = neighbour_energy(e.reshape((nb,) + shape), grid).reshape(nb, nel)
-        src, src_ok = ranked(e, solid, n_src)
-        tgt, tgt_ok = ranked(0.0 - near, mask & (x <= 0.5), n_tgt)
-        searching = live & (it < passes) & src_ok[:, 0] & tgt_ok[:, 0]
+        return c, e, (fac, u, free)
+
+    def score(x, c, aux, src, tgt):
+        fac, u, free = aux
+        n_rank = src.shape[1] + tgt.shape[1]
         # K^{-1} restricted to the ranked cells' DOFs: Y = L^{-1} E, K^{-1} = Y^T Y.
         rc = jnp.concatenate([src, tgt], axis=1)  # (B, R)
         dofs = edofs[rc].reshape(nb, n_rank * 8)  # (B, 8R)
@@ -164,20 +210,9 @@ def polish(case: LoadCase, x, mask, static):
         schur = a_ss - jnp.einsum("...kl,...lm,...nm->...kn", g_st, inv_tt, g_st)
         q = jnp.sum(r_t * y, axis=-1) - _small.spd_quadratic(-schur, v)
         scores = c[:, None, None] - q
-        ok = src_ok[:, :, None] & tgt_ok[:, None, :] & jnp.isfinite(scores) & (scores > 0)
-        scores = jnp.where(ok, scores, jnp.inf).reshape(nb, -1).T  # (S T, B)
-        _, sel = scan_first_better(scores, ok.reshape(nb, -1).T, best)
-        swap = searching & (sel >= 0)
-        pick = jnp.maximum(sel, 0)
-        s_cell = jnp.take_along_axis(src, pick[:, None] // n_tgt, axis=-1)
-        t_cell = jnp.take_along_axis(tgt, pick[:, None] % n_tgt, axis=-1)
-        moved = jnp.where(cells == s_cell, 0.0, jnp.where(cells == t_cell, 1.0, x))
-        return (jnp.where(swap[:, None], moved, x), best, swap, swap, it + 1)
+        return scores, jnp.isfinite(scores) & (scores > 0)
 
-    state = (x, jnp.full((nb,), jnp.inf), jnp.ones((nb,), bool), jnp.ones((nb,), bool),
-             jnp.int32(0))
-    x, best, _, _, _ = jax.lax.while_loop(lambda st: jnp.any(st[3]), body, state)
-    return x, best
+    return _swap_passes(x, mask, shape, static, evaluate, score)
 
 
 def polish_exact(case: LoadCase, x, mask, static, solver="banded"):
@@ -200,42 +235,26 @@ def polish_exact(case: LoadCase, x, mask, static, solver="banded"):
     Returns:
         (designs (B, nel), exact compliance (B,)).
     """
-    penal, passes, n_src, n_tgt = static[5:9]
+    penal, _, n_src, n_tgt = static[5:9]
     shape = case.shape
     nb, nel = x.shape
     pairs = n_src * n_tgt
-    cells = jnp.arange(nel)
     many = jax.tree.map(lambda a: jnp.repeat(a, pairs, axis=0), case)
 
     def clean(c):
         return jnp.where(jnp.isfinite(c) & (c >= 0.0), c, jnp.inf)
 
-    def body(st):
-        x, best, live, dirty, it = st
+    def evaluate(x):
         sol = fea.solve(case, x.reshape((nb,) + shape), penal, solver)
-        best = jnp.where(dirty, clean(sol.compliance), best)
         e = fea.element_strain_energy(case, sol.displacements).reshape(nb, nel)
-        solid = mask & (x > 0.5)
-        near = neighbour_energy(e.reshape((nb,) + shape),
-                                (x > 0.5).reshape((nb,) + shape)).reshape(nb, nel)
-        src, src_ok = ranked(e, solid, n_src)
-        tgt, tgt_ok = ranked(0.0 - near, mask & (x <= 0.5), n_tgt)
-        searching = live & (it < passes) & src_ok[:, 0] & tgt_ok[:, 0]
+        return clean(sol.compliance), e, None
+
+    def score(x, c, aux, src, tgt):
         out = jax.nn.one_hot(src, nel, dtype=x.dtype)  # (B, S, nel)
         into = jax.nn.one_hot(tgt, nel, dtype=x.dtype)  # (B, T, nel)
         swapped = x[:, None, None] - out[:, :, None] + into[:, None, :]  # (B, S, T, nel)
         c = fea.compliance(many, swapped.reshape((nb * pairs,) + shape), penal, solver)
-        c = clean(c).reshape(nb, pairs)
-        ok = (src_ok[:, :, None] & tgt_ok[:, None, :]).reshape(nb, pairs) & (c < jnp.inf)
-        _, sel = scan_first_better(jnp.where(ok, c, jnp.inf).T, ok.T, best)
-        swap = searching & (sel >= 0)
-        pick = jnp.maximum(sel, 0)
-        s_cell = jnp.take_along_axis(src, pick[:, None] // n_tgt, axis=-1)
-        t_cell = jnp.take_along_axis(tgt, pick[:, None] % n_tgt, axis=-1)
-        moved = jnp.where(cells == s_cell, 0.0, jnp.where(cells == t_cell, 1.0, x))
-        return (jnp.where(swap[:, None], moved, x), best, swap, swap, it + 1)
+        c = clean(c).reshape(nb, n_src, n_tgt)
+        return c, c < jnp.inf
 
-    state = (x, jnp.full((nb,), jnp.inf), jnp.ones((nb,), bool), jnp.ones((nb,), bool),
-             jnp.int32(0))
-    x, best, _, _, _ = jax.lax.while_loop(lambda st: jnp.any(st[3]), body, state)
-    return x, best
+    return _swap_passes(x, mask, shape, static, evaluate, score)
