@@ -97,6 +97,19 @@ def gravity_from_folder(name: str) -> tuple[float, float]:
     return DEFAULT_GRAVITY
 
 
+def unless_2d_default(gravity_dir, ndim: int):
+    """``gravity_dir`` for a grid of ``ndim`` axes, None (down) for the 2D default on voxels.
+
+    Records, folders and callers without a direction pass the 2D default
+    (1, 0); on a voxel grid that means down.  Any other direction is returned
+    as given (a 2D one is then rejected by :func:`normalise_gravity`).
+    """
+    if (ndim == 3 and gravity_dir is not None and np.size(gravity_dir) == 2
+            and tuple(np.ravel(gravity_dir)) == DEFAULT_GRAVITY):
+        return None
+    return gravity_dir
+
+
 def normalise_gravity(gravity_dir, ndim: int = 2) -> np.ndarray:
     """Unit (row, col) direction — (layer, row, col) for ``ndim=3`` —; raises
     InvalidProblemError if unusable."""

@@ -33,6 +33,7 @@ from sphyr_jax.loadcase import (
     LoadCase,
     load_case_from_grid,
     stack_load_cases,
+    unless_2d_default,
     with_budget,
 )
 from sphyr_jax.optimum import OptimumCache, optimum_name, optimum_options
@@ -147,13 +148,9 @@ def _item_ndim(item: ScoreItem) -> int:
 
 def _prepare(item: ScoreItem) -> _Prepared | None:
     ndim = _item_ndim(item)
-    gravity = item.gravity_dir
-    if ndim == 3 and gravity is not None and np.size(gravity) == 2:
-        if tuple(np.ravel(gravity)) != tuple(DEFAULT_GRAVITY):
-            return None  # a 2D direction cannot describe a 3D load
-        gravity = None  # down
     try:
-        case = load_case_from_grid(item.ground_truth, item.input_grid, gravity, ndim=ndim)
+        case = load_case_from_grid(item.ground_truth, item.input_grid,
+                                   unless_2d_default(item.gravity_dir, ndim), ndim=ndim)
     except (InvalidProblemError, TypeError, IndexError, ValueError):
         return None
     grid = extract_grid(item.completion, ndim=ndim)

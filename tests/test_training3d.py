@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO
 
 from sphyr_jax import training
+from sphyr_jax.grids import InvalidProblemError
 from sphyr_jax.loadcase import load_case_from_grid
 
 SHAPE = (6, 6, 6)
@@ -176,7 +177,7 @@ def test_voxel_completions_keep_known_cells_and_score(trained3d):
                     assert t_out == t_in
     # Folders without a direction tag give the 2D default, which means down here too.
     assert training.complete_grids(model, [rec["input_grid"]], True, [(1, 0)])[0] == done
-    with pytest.raises(training.problems.InvalidProblemError):
+    with pytest.raises(InvalidProblemError):
         training.grid_features(rec["input_grid"], (0, 1))
     assert sum(t == "V" for t in itertools.chain.from_iterable(
         itertools.chain.from_iterable(rec["input_grid"]))) == 10

@@ -64,28 +64,22 @@ def complete_grids(model, input_grids: Sequence, hard: bool, gravity_dirs=None) 
     gravity_dirs = list(gravity_dirs) if gravity_dirs is not None else [None] * len(grids)
     feats = np.stack([grid_features(g, d) for g, d in zip(grids, gravity_dirs, strict=True)])
     rho = np.asarray(_predict(model, jnp.asarray(feats)))
-    return [_fill(grid, values, hard) for grid, values in zip(grids, rho, strict=True)]
+    to_token = np.vectorize(lambda v: _token(v, hard), otypes=[object])
+    return [_fill(grid, to_token(values)) for grid, values in zip(grids, rho, strict=True)]
 
 
-def _fill(grid, values, hard: bool):
-    """Token rows (or layers of rows) with V cells replaced by the model's values."""
-    if np.ndim(values) > 1:
-        return [_fill(g, v, hard) for g, v in zip(grid, values, strict=True)]
-    return [_token(v, hard) if str(t).strip() == MASK else str(t).strip()
-            for t, v in zip(grid, values, strict=True)]
+def _fill(grid, tokens):
+    """Token rows (or layers of rows) with V cells replaced by ``tokens`` (same shape)."""
+    if np.ndim(tokens) > 1:
+        return [_fill(g, t) for g, t in zip(grid, tokens, strict=True)]
+    return [new if str(t).strip() == MASK else str(t).strip()
+            for t, new in zip(grid, tokens, strict=True)]
 
 
 def fill_masked(input_grid, token: str) -> list:
     """The input grid (2D or 3D) with every ``V`` cell replaced by ``token``."""
     grid = as_grid(input_grid)
-    shape = check_rectangular(grid)
-
-    def fill(g, depth):
-        if depth == 1:
-            return [token if str(t).strip() == MASK else str(t).strip() for t in g]
-        return [fill(sub, depth - 1) for sub in g]
-
-    return fill(grid, len(shape))
+    return _fill(grid, np.full(check_rectangular(grid), token, dtype=object))
 
 
 def complete_grid(model, input_grid, hard: bool, gravity_dir=None) -> list:

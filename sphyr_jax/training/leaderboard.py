@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sphyr_jax.grids import extract_grid
-from sphyr_jax.loadcase import gravity_from_folder, normalise_gravity
+from sphyr_jax.loadcase import DEFAULT_GRAVITY_3D, gravity_from_folder, normalise_gravity
 from sphyr_jax.symmetry import AXIS_DIRECTIONS, ROTATION_TAGS, turn_records
 from sphyr_jax.training.config import DIRECTION_NAMES
 from sphyr_jax.training.evaluation import complete_records, fill_masked, score_completions
@@ -39,7 +39,7 @@ def direction_name(gravity_dir) -> str:
     """
     if np.size(gravity_dir) == 3:
         g = normalise_gravity(gravity_dir, 3)
-        return "down" if np.allclose(g, (1, 0, 0), atol=1e-12) else (
+        return "down" if np.allclose(g, DEFAULT_GRAVITY_3D, atol=1e-12) else (
             "(" + ", ".join(f"{v:.3g}" for v in g) + ")")
     g = normalise_gravity(gravity_dir)
     for name, d in zip(DIRECTION_NAMES, AXIS_DIRECTIONS, strict=True):

@@ -23,16 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from sphyr_jax import simp
-from sphyr_jax.grids import (
-    LOAD,
-    MASK,
-    SUPPORT,
-    InvalidProblemError,
-    as_grid,
-    check_rectangular,
-    parse_number,
+from sphyr_jax.grids import as_grid, check_rectangular, densities_from_grid, token_masks
+from sphyr_jax.loadcase import (
+    DEFAULT_GRAVITY,
+    DEFAULT_GRAVITY_3D,
+    LoadCase,
+    normalise_gravity,
+    unless_2d_default,
 )
-from sphyr_jax.loadcase import DEFAULT_GRAVITY, LoadCase, normalise_gravity
 from sphyr_jax.symmetry import AXIS_DIRECTIONS, mirror_planes, turn_planes
 from sphyr_jax.training.config import MASK_VARIANTS, ProblemConfig
 
@@ -313,7 +311,7 @@ def sample_problem(key, cfg: ProblemConfig, pool: Pool | None = None):
         planes = turn_planes(planes, direction)
         gravity = jnp.asarray(AXIS_DIRECTIONS, jnp.float64)[direction]
     else:  # voxel problems keep the canonical frame: the load points down
-        gravity = jnp.asarray((1.0, 0.0, 0.0))
+        gravity = jnp.asarray(DEFAULT_GRAVITY_3D)
     load, support, masked = (planes[i] > 0.5 for i in range(3))
     known = planes[3]
     case, features = build_problem(load, support, gravity, known, masked)
@@ -340,31 +338,14 @@ def grid_features(input_grid, gravity_dir=None) -> np.ndarray:
     ``L``/``S`` tokens are visible load/support cells (solid), ``V`` tokens masked
     cells, numbers known densities (clipped to [0, 1]; unparsable tokens read 0).
     A grid of layers (3D) gives voxel features; ``gravity_dir`` defaults to
-    down ((1, 0) or (1, 0, 0)).
+    down ((1, 0) or (1, 0, 0); the 2D default also means down on voxels).
     """
     grid = as_grid(input_grid)
-    shape = check_rectangular(grid, "input grid")
-    ndim = len(shape)
-    tokens = np.empty(shape, dtype=object)
-    for idx in np.ndindex(*shape):
-        cell = grid
-        for i in idx:
-            cell = cell[i]
-        tokens[idx] = str(cell).strip()
-    known = np.zeros(shape)
-    for idx, t in np.ndenumerate(tokens):
-        if t in (LOAD, SUPPORT):
-            known[idx] = 1.0
-        elif t != MASK:
-            v = parse_number(t)
-            known[idx] = 0.0 if v is None else min(max(v, 0.0), 1.0)
-    if ndim == 3 and gravity_dir is not None and np.size(gravity_dir) == 2:
-        # The 2D default (a record or folder without a direction) means down.
-        if tuple(np.ravel(gravity_dir)) != tuple(DEFAULT_GRAVITY):
-            raise InvalidProblemError(f"a 2D load direction {gravity_dir} on a voxel grid")
-        gravity_dir = None
+    ndim = len(check_rectangular(grid, "input grid"))
+    load, support, masked = token_masks(grid)
+    known, _ = densities_from_grid(grid)  # L/S solid; V and unparsable tokens 0
+    gravity_dir = unless_2d_default(gravity_dir, ndim)
     if gravity_dir is None:
-        gravity_dir = DEFAULT_GRAVITY if ndim == 2 else (1.0, 0.0, 0.0)
-    feats = input_features(tokens == LOAD, tokens == SUPPORT, tokens == MASK, known,
-                           normalise_gravity(gravity_dir, ndim))
+        gravity_dir = DEFAULT_GRAVITY if ndim == 2 else DEFAULT_GRAVITY_3D
+    feats = input_features(load, support, masked, known, normalise_gravity(gravity_dir, ndim))
     return np.asarray(feats)
