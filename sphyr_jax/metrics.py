@@ -104,6 +104,10 @@ class ScoreItem:
     gravity_dir: tuple = DEFAULT_GRAVITY
 
 
+METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(StructuralMetrics))
+"""Every field scoring adds to a record (``StructuralMetrics.as_dict``)."""
+
+
 def _clipped(reference: float, actual: float) -> float:
     if not math.isfinite(actual) or actual <= 0.0 or not math.isfinite(reference):
         return 0.0
