@@ -3,7 +3,7 @@
 Solves the converted SPhyR-3D answers (easy and hard ground truths of
 ``../shared/sphyr_reference/raw_data_3d``, else of the embedded
 ``data/dataset_3d/raw``, else random 0/1 voxel designs), tiled to each batch
-size, with one compiled :func:`sphyr_jax.multigrid.compliance` call per batch
+size, with one compiled :func:`sphyr_jax.fem.multigrid.compliance` call per batch
 on the local default device; reports the median of warm repetitions (compile
 time separately) next to an assembly + ``scipy.sparse.linalg.spsolve`` of the
 same systems (prebuilt COO indices -> CSC, the free-DOF block, one sample at a
@@ -35,10 +35,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import sphyr_jax  # noqa: E402
-from sphyr_jax import multigrid, structured  # noqa: E402
-from sphyr_jax.convert import list_raw_files, read_raw_csv_3d  # noqa: E402
-from sphyr_jax.grids import densities_from_grid  # noqa: E402
-from sphyr_jax.loadcase import load_case_from_grid  # noqa: E402
+from sphyr_jax.data.convert import list_raw_files, read_raw_csv_3d  # noqa: E402
+from sphyr_jax.fem import multigrid, structured  # noqa: E402
+from sphyr_jax.problem.grids import densities_from_grid  # noqa: E402
+from sphyr_jax.problem.loadcase import load_case_from_grid  # noqa: E402
 
 SHARED_RAW = REPO.parent / "shared" / "sphyr_reference" / "raw_data_3d"
 EMBEDDED_RAW = REPO / "data" / "dataset_3d" / "raw"

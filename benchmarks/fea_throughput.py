@@ -35,9 +35,9 @@ if str(REPO) not in sys.path:  # running as a script from anywhere
     sys.path.insert(0, str(REPO))
 
 import sphyr_jax  # noqa: E402
-from sphyr_jax import fea, mesh  # noqa: E402
-from sphyr_jax.grids import densities_from_grid  # noqa: E402
-from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases  # noqa: E402
+from sphyr_jax.fem import fea, mesh  # noqa: E402
+from sphyr_jax.problem.grids import densities_from_grid  # noqa: E402
+from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases  # noqa: E402
 
 DEFAULT_DATA = (REPO.parent / "shared" / "sphyr_reference" / "results" / "gpt-4o-2024-08-06"
                 / "full_easy_results.json")

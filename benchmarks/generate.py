@@ -1,10 +1,10 @@
 """Sample generation throughput: kept samples per second, cold and warm.
 
 Generates ``--num_samples`` samples twice in one process with
-:func:`sphyr_jax.generate.generate_dataset` into throw-away folders: the cold
+:func:`sphyr_jax.data.generate.generate_dataset` into throw-away folders: the cold
 run pays for compilation, the warm run (another seed, same shapes) mostly
 reuses it.  Optimiser settings: the defaults (the strong reference optimum) or
-``--quick`` (:data:`sphyr_jax.generate.QUICK_OPTIONS`).  The device and the
+``--quick`` (:data:`sphyr_jax.data.generate.QUICK_OPTIONS`).  The device and the
 figures are printed as JSON.
 
 Usage::
@@ -29,7 +29,7 @@ if str(REPO) not in sys.path:  # running as a script from anywhere
 import jax  # noqa: E402
 
 import sphyr_jax  # noqa: E402
-from sphyr_jax import generate  # noqa: E402
+from sphyr_jax.data import generate  # noqa: E402
 
 
 def _one(num_samples: int, seed: int, grid_size: int, options, num_devices) -> dict:

@@ -93,8 +93,8 @@ FIRST_CALL = """
 REFERENCE_FIRST_CALL = """
     import numpy as np
     import reference_method as ref
-    from sphyr_jax.loadcase import load_case_from_grid
-    from sphyr_jax.grids import densities_from_grid
+    from sphyr_jax.problem.loadcase import load_case_from_grid
+    from sphyr_jax.problem.grids import densities_from_grid
     rec = records("full_easy", 0, 1)[0]
     t = time.perf_counter()
     case = load_case_from_grid(rec["ground_truth"], rec["input_grid"])
@@ -168,9 +168,9 @@ REFERENCE_VALIDATE = """
     import random
     import numpy as np
     import reference_method as ref
-    from sphyr_jax.grids import densities_from_grid
-    from sphyr_jax.loadcase import load_case_from_grid
-    from sphyr_jax.validation import probe_completions
+    from sphyr_jax.problem.grids import densities_from_grid
+    from sphyr_jax.problem.loadcase import load_case_from_grid
+    from sphyr_jax.scoring.validation import probe_completions
     recs = [json.loads(l) for l in pathlib.Path({path!r}).read_text().splitlines()[:20]]
     t = time.perf_counter()
     cache = {{}}

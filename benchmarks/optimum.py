@@ -2,7 +2,7 @@
 
 (The default ``reference`` yardstick is timed side by side with the published
 method by ``benchmarks/yardstick.py``.)  Runs the strong search,
-:func:`sphyr_jax.optimum.reference_optimum_batch`, on the 100 samples of
+:func:`sphyr_jax.topopt.optimum.reference_optimum_batch`, on the 100 samples of
 the stored GPT-4o ``full_easy`` results: once cold (compilation included) and
 then warm (median of ``--repeats``), in a fresh process with one XLA CPU
 device per core unless ``XLA_FLAGS`` says otherwise.  Checks the optima
@@ -43,8 +43,8 @@ def run(samples: int = 100, repeats: int = 2, num_devices: int | None = None,
     import numpy as np
 
     from sphyr_jax import enable_x64
-    from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases
-    from sphyr_jax.optimum import DEFAULT_OPTIONS, reference_optimum_batch
+    from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
+    from sphyr_jax.topopt.optimum import DEFAULT_OPTIONS, reference_optimum_batch
 
     enable_x64()
     records = json.loads(pathlib.Path(data).read_text())[:samples]

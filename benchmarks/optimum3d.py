@@ -4,7 +4,7 @@ Builds ``full_hard_3d`` problems (every voxel of the interior layers a design
 cell, the hard answer pinned elsewhere and as the budget) from the shared
 SPhyR-3D CSVs (``../shared/sphyr_reference/raw_data_3d``), else from the
 embedded ``data/dataset_3d/raw``, and computes their optima with
-:func:`sphyr_jax.optimum.optimum_batch` (the reference recipe with the voxel
+:func:`sphyr_jax.topopt.optimum.optimum_batch` (the reference recipe with the voxel
 settings: six SIMP runs of up to 100 iterations in a pool of two slots per
 sample, every candidate and rounding scored, no polish) on the local default
 device:
@@ -44,9 +44,9 @@ if str(REPO) not in sys.path:
 
 import sphyr_jax  # noqa: E402
 from benchmarks.fea3d_throughput import scipy_compliance  # noqa: E402
-from sphyr_jax.convert import list_raw_files, mask_grid_3d, read_raw_csv_3d  # noqa: E402
-from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases  # noqa: E402
-from sphyr_jax.optimum import optimum_batch  # noqa: E402
+from sphyr_jax.data.convert import list_raw_files, mask_grid_3d, read_raw_csv_3d  # noqa: E402
+from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases  # noqa: E402
+from sphyr_jax.topopt.optimum import optimum_batch  # noqa: E402
 
 SHARED_RAW = REPO.parent / "shared" / "sphyr_reference" / "raw_data_3d"
 EMBEDDED_RAW = REPO / "data" / "dataset_3d" / "raw"

@@ -7,9 +7,9 @@ This is an independent second implementation of the published scoring recipe
   time, a sparse assembly and a SciPy ``spsolve`` per finite-element solve,
   exactly as the reference implementation works), and
 * a second method for the tests: on a few samples the JAX ``reference``
-  yardstick (:mod:`sphyr_jax.yardstick`) must give the same optimum.
+  yardstick (:mod:`sphyr_jax.topopt.yardstick`) must give the same optimum.
 
-Nothing here uses JAX; only the grid parsing (:mod:`sphyr_jax.loadcase`, which
+Nothing here uses JAX; only the grid parsing (:mod:`sphyr_jax.problem.loadcase`, which
 returns NumPy arrays) is shared with the library.
 
 Method, per sample (design cells free, every other cell pinned to the answer,
@@ -173,7 +173,7 @@ class Sample:
 
 
 def sample_from_load_case(case) -> Sample:
-    """A :class:`Sample` from a (NumPy) :class:`sphyr_jax.loadcase.LoadCase`."""
+    """A :class:`Sample` from a (NumPy) :class:`sphyr_jax.problem.loadcase.LoadCase`."""
     shape = tuple(np.asarray(case.load_mask).shape)
     structural = (np.asarray(case.load_mask) | np.asarray(case.support_mask)).reshape(-1)
     pinned = np.clip(np.asarray(case.pinned, float).reshape(-1), 0.0, 1.0).copy()

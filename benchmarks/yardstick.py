@@ -1,7 +1,7 @@
 """Rescore speed, side by side: the reference yardstick vs the published method.
 
 Rescores a fresh copy of the stored GPT-4o ``full_easy`` results (metric
-fields stripped) with :func:`sphyr_jax.results.rescore_tree` and the default
+fields stripped) with :func:`sphyr_jax.scoring.results.rescore_tree` and the default
 ``reference`` yardstick, after a warm-up run that compiles (the timed run
 starts from an empty optimum cache, so every sample is optimised again), and
 scores the same records one at a time with the NumPy/SciPy re-implementation
@@ -67,7 +67,7 @@ print(json.dumps({"import_s": t1 - t0, "first_call_s": t2 - t1, "first_compilati
 
 
 def _tree(records, root: pathlib.Path) -> pathlib.Path:
-    from sphyr_jax.metrics import METRIC_FIELDS  # after configure_host_devices
+    from sphyr_jax.scoring.metrics import METRIC_FIELDS  # after configure_host_devices
 
     path = root / "gpt-4o-2024-08-06" / "full_easy_results.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,8 +78,8 @@ def _tree(records, root: pathlib.Path) -> pathlib.Path:
 
 def _ours(records, optimum: str, num_devices, work: pathlib.Path) -> tuple[float, float, list]:
     """(cold seconds, warm seconds, rescored records) of rescore_tree."""
-    from sphyr_jax.optimum import OptimumCache
-    from sphyr_jax.results import rescore_tree
+    from sphyr_jax.scoring.results import rescore_tree
+    from sphyr_jax.topopt.optimum import OptimumCache
 
     times = []
     for run in ("cold", "warm"):
@@ -97,8 +97,8 @@ def _baseline(records) -> tuple[float, list]:
     import numpy as np
     import reference_method
 
-    from sphyr_jax.grids import densities_from_grid, extract_grid
-    from sphyr_jax.loadcase import load_case_from_grid
+    from sphyr_jax.problem.grids import densities_from_grid, extract_grid
+    from sphyr_jax.problem.loadcase import load_case_from_grid
 
     cache: dict = {}
     out = []

@@ -137,7 +137,7 @@ def main(argv):
     del argv
     sphyr_jax.enable_x64()
     sphyr_jax.enable_compilation_cache()
-    from sphyr_jax.optimum import OptimumCache
+    from sphyr_jax.topopt.optimum import OptimumCache
 
     cache = OptimumCache(FLAGS.optimum_cache_dir or None)
     groups = eval_groups() if (FLAGS.eval or FLAGS.eval_only) else []

@@ -7,7 +7,7 @@ the next process.  Importing this package never changes JAX's global
 configuration.
 """
 
-from sphyr_jax.fea import (
+from sphyr_jax.fem.fea import (
     SINGULARITY_RATIO,
     Analysis,
     Solution,
@@ -19,7 +19,9 @@ from sphyr_jax.fea import (
     simp_moduli,
     solve,
 )
-from sphyr_jax.grids import (
+from sphyr_jax.fem.mesh import E0, EMIN, NU, element_stiffness, get_mesh
+from sphyr_jax.fem.multigrid import MGOptions
+from sphyr_jax.problem.grids import (
     GridReport,
     InvalidProblemError,
     as_grid,
@@ -28,23 +30,24 @@ from sphyr_jax.grids import (
     format_design,
     grid_to_text,
 )
-from sphyr_jax.loadcase import (
+from sphyr_jax.problem.loadcase import (
     LoadCase,
     gravity_from_folder,
     index_load_case,
     load_case_from_grid,
     stack_load_cases,
 )
-from sphyr_jax.mesh import E0, EMIN, NU, element_stiffness, get_mesh
-from sphyr_jax.metrics import (
+from sphyr_jax.runtime import enable_compilation_cache, enable_x64, require_x64
+from sphyr_jax.scoring.metrics import (
     STRUCTURAL_METRIC_KEYS,
     ScoreItem,
     StructuralMetrics,
     get_structural_metrics,
     score_batch,
 )
-from sphyr_jax.multigrid import MGOptions
-from sphyr_jax.optimum import (
+from sphyr_jax.scoring.results import rescore_tree
+from sphyr_jax.scoring.validation import validate_records
+from sphyr_jax.topopt.optimum import (
     OPTIMA,
     OptimumCache,
     OptimumOptions,
@@ -54,11 +57,8 @@ from sphyr_jax.optimum import (
     reference_optimum,
     reference_optimum_batch,
 )
-from sphyr_jax.results import rescore_tree
-from sphyr_jax.runtime import enable_compilation_cache, enable_x64, require_x64
-from sphyr_jax.simp import SimpOptions, apply_filter, optimize
-from sphyr_jax.validation import validate_records
-from sphyr_jax.yardstick import ReferenceOptions
+from sphyr_jax.topopt.simp import SimpOptions, apply_filter, optimize
+from sphyr_jax.topopt.yardstick import ReferenceOptions
 
 __version__ = "0.1.0"
 

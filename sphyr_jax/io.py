@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sphyr_jax.errors import UserInputError
+
 PathLike = str | os.PathLike
 
 
@@ -32,7 +34,7 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
-class CorruptFileError(ValueError):
+class CorruptFileError(UserInputError):
     """A file that exists but does not hold what its format promises.
 
     Attributes:

@@ -1,15 +1,16 @@
-"""Baseline results files (sphyr_jax.baselines) on a small hand-made dataset."""
+"""Baseline results files (sphyr_jax.evaluation.baselines) on a small hand-made dataset."""
 
 import json
 
 import numpy as np
 import pytest
 
-from sphyr_jax import baselines, extract_grid
-from sphyr_jax.datasets import is_hard, list_subjects, load_subject
-from sphyr_jax.generate import GRAVITY_FILE, render_raw_csv, write_subjects_from_raw
-from sphyr_jax.grids import grid_to_text
+from sphyr_jax import extract_grid
+from sphyr_jax.data.datasets import is_hard, list_subjects, load_subject
+from sphyr_jax.data.generate import GRAVITY_FILE, render_raw_csv, write_subjects_from_raw
+from sphyr_jax.evaluation import baselines
 from sphyr_jax.io import read_json
+from sphyr_jax.problem.grids import grid_to_text
 
 # Three 5x5 canonical designs: load runs on the top row, supports on the bottom row.
 DESIGNS = [

@@ -1,4 +1,4 @@
-"""Raw CSV -> subject files (sphyr_jax.convert), checked against the published data."""
+"""Raw CSV -> subject files (sphyr_jax.data.convert), checked against the published data."""
 
 import hashlib
 import json
@@ -10,9 +10,9 @@ import shutil
 import numpy as np
 import pytest
 
-from sphyr_jax import convert
-from sphyr_jax.convert import ConversionError, RawSample, convert_raw_dir, read_raw_csv
-from sphyr_jax.datasets import VARIANTS, list_subjects
+from sphyr_jax.data import convert
+from sphyr_jax.data.convert import ConversionError, RawSample, convert_raw_dir, read_raw_csv
+from sphyr_jax.data.datasets import VARIANTS, list_subjects
 
 # Which published record each reference raw file is (found by matching the
 # ground truths of the published full_easy/full_hard files, whose indices are

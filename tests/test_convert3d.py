@@ -9,15 +9,15 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, SHARED
+from conftest import REPO, SHARED, require_shared
 
-from sphyr_jax.convert import (
+from sphyr_jax.data.convert import (
     ConversionError,
     build_subjects,
     convert_raw_dir,
     read_raw_csv_3d,
 )
-from sphyr_jax.datasets import (
+from sphyr_jax.data.datasets import (
     VARIANTS,
     DatasetError,
     is_hard,
@@ -25,22 +25,23 @@ from sphyr_jax.datasets import (
     load_subject,
     subject_ndim,
 )
-from sphyr_jax.grids import (
+from sphyr_jax.problem.grids import (
     InvalidProblemError,
     check_rectangular,
     densities_from_grid,
     extract_grid,
     grid_to_text,
 )
-from sphyr_jax.loadcase import load_case_from_grid, normalise_gravity, stack_load_cases
+from sphyr_jax.problem.loadcase import load_case_from_grid, normalise_gravity, stack_load_cases
 
 RAW_3D = SHARED / "raw_data_3d"
 
 
 @pytest.fixture(scope="module")
 def raw_3d_dir():
-    if not RAW_3D.is_dir() or not any(RAW_3D.glob("*_SPhyR_3D.csv")):
-        pytest.skip("reference data not available: raw_data_3d")
+    require_shared(RAW_3D)
+    if not any(RAW_3D.glob("*_SPhyR_3D.csv")):
+        require_shared(RAW_3D / "0_SPhyR_3D.csv")
     return RAW_3D
 
 
@@ -209,7 +210,7 @@ def test_convert_folder_of_3d_csvs_and_cli(tmp_path):
     truth = read_raw_csv_3d(raw / "0_SPhyR_3D.csv").hard.tolist()
     assert records[0]["ground_truth"] == truth
     with pytest.raises(ValueError, match="mix 2D and 3D"):
-        from sphyr_jax.convert import read_raw_csv
+        from sphyr_jax.data.convert import read_raw_csv
 
         (tmp_path / "2d.csv").write_text("".join(
             f"{i},{i % 2 + 0.5},{i // 2 + 0.5},0,1.0,{i // 2 == 0}\n" for i in range(4)))

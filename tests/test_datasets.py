@@ -1,4 +1,4 @@
-"""Subject names and the dataset loader (sphyr_jax.datasets)."""
+"""Subject names and the dataset loader (sphyr_jax.data.datasets)."""
 
 import json
 import socket
@@ -8,8 +8,8 @@ import sys
 import datasets as hf
 import pytest
 
-from sphyr_jax.convert import convert_raw_dir
-from sphyr_jax.datasets import DatasetError, is_hard, list_subjects, load_subject
+from sphyr_jax.data.convert import convert_raw_dir
+from sphyr_jax.data.datasets import DatasetError, is_hard, list_subjects, load_subject
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +208,7 @@ def test_missing_subject_and_bad_records(tmp_path, both_formats):
 
 def test_core_modules_import_without_hugging_face():
     code = (
-        "import sys; import sphyr_jax.datasets, sphyr_jax.convert, sphyr_jax.io; "
+        "import sys; import sphyr_jax.data.datasets, sphyr_jax.data.convert, sphyr_jax.io; "
         "assert 'datasets' not in sys.modules, 'datasets imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

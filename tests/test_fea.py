@@ -1,4 +1,4 @@
-"""Acceptance tests for the finite-element core (sphyr_jax.fea, mesh, loadcase).
+"""Acceptance tests for the finite-element core (sphyr_jax.fem.fea, mesh, loadcase).
 
 Every check compares against an independent truth: the reference
 implementation's stored figures, central finite differences, the analytic SIMP
@@ -27,9 +27,9 @@ import pytest
 import scipy.linalg
 from jax.test_util import check_grads
 
-from sphyr_jax import fea, mesh
-from sphyr_jax.grids import InvalidProblemError, densities_from_grid, extract_grid
-from sphyr_jax.loadcase import (
+from sphyr_jax.fem import fea, mesh
+from sphyr_jax.problem.grids import InvalidProblemError, densities_from_grid, extract_grid
+from sphyr_jax.problem.loadcase import (
     LoadCase,
     index_load_case,
     load_case_from_grid,

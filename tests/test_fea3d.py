@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spl
-from conftest import REPO, SHARED, report
+from conftest import REPO, SHARED, report, require_shared
 
 import sphyr_jax as sj
-from sphyr_jax import elements, mesh, multigrid, structured
-from sphyr_jax.convert import read_raw_csv_3d
-from sphyr_jax.fea import dense_stiffness, simp_moduli
-from sphyr_jax.grids import densities_from_grid
-from sphyr_jax.loadcase import index_load_case, load_case_from_grid, stack_load_cases
+from sphyr_jax.data.convert import read_raw_csv_3d
+from sphyr_jax.fem import elements, mesh, multigrid, structured
+from sphyr_jax.fem.fea import dense_stiffness, simp_moduli
+from sphyr_jax.problem.grids import densities_from_grid
+from sphyr_jax.problem.loadcase import index_load_case, load_case_from_grid, stack_load_cases
 
 RAW_3D = SHARED / "raw_data_3d"
 NU = 0.3
@@ -392,11 +392,9 @@ def test_mgcg_batch_vmap_and_gradients(rng):
 
 @pytest.fixture(scope="module")
 def real_3d():
-    if not RAW_3D.is_dir():
-        pytest.skip("reference data not available: raw_data_3d")
-    files = sorted(RAW_3D.glob("*_SPhyR_3D.csv"))
+    files = sorted(require_shared(RAW_3D).glob("*_SPhyR_3D.csv"))
     if not files:
-        pytest.skip("reference data not available: raw_data_3d")
+        require_shared(RAW_3D / "0_SPhyR_3D.csv")
     samples = [read_raw_csv_3d(p) for p in files]
     grids = [s.grid(level) for level in ("easy", "hard") for s in samples]
     cases = [load_case_from_grid(g) for g in grids]
@@ -526,7 +524,7 @@ def test_public_derivatives_in_3d_both_modes(embedded_3d, key):
 
 def test_simp_optimize_in_3d(embedded_3d):
     """The public SIMP entry point on voxels: on budget, stiffer than its start."""
-    from sphyr_jax import simp
+    from sphyr_jax.topopt import simp
 
     _, cases, _ = embedded_3d
     case = jax.tree.map(lambda a: a[:1], cases)
@@ -574,8 +572,8 @@ def test_rescore_tree_with_voxel_and_2d_results(tmp_path, optimum_cache):
     answer scores as the answer, hostile text is invalid, aggregates sum the records."""
     import json
 
-    from sphyr_jax.grids import grid_to_text
-    from sphyr_jax.results import rescore_tree
+    from sphyr_jax.problem.grids import grid_to_text
+    from sphyr_jax.scoring.results import rescore_tree
 
     rec3 = json.loads((EMBEDDED_3D / "full_easy_3d.jsonl").read_text().splitlines()[1])
     rec2 = json.loads((REPO / "data" / "dataset" / "full_easy.jsonl").read_text()
@@ -626,7 +624,7 @@ def test_galerkin_coarse_operator_equals_the_global_product(rng, cells):
     $P^T D K D P$ formed globally: the fine operator from matrix-free products on
     unit vectors, $P$ from prolonging unit coarse vectors, with a random per-DOF
     free mask (not only whole nodes) and grey moduli."""
-    from sphyr_jax import multigrid_levels as ml
+    from sphyr_jax.fem import multigrid_levels as ml
 
     grid = structured.get_grid(cells)
     levels = ml.plan(cells, max_coarse_dofs=10**6, levels=1)

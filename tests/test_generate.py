@@ -1,4 +1,4 @@
-"""Sample generation (sphyr_jax.generate): boundary conditions, CSV round trip, physics, files.
+"""Sample generation (sphyr_jax.data.generate): boundary conditions, CSV round trip, physics, files.
 
 Generation runs on 6x6 grids with the cheap optimiser settings and one fixed
 batch size, so every run after the first reuses the compiled functions.
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import sphyr_jax
-from sphyr_jax import generate
-from sphyr_jax.convert import convert_raw_dir, list_raw_files, read_raw_csv
-from sphyr_jax.datasets import is_hard, list_subjects, load_subject
-from sphyr_jax.grids import densities_from_grid, token_masks
+from sphyr_jax.data import generate
+from sphyr_jax.data.convert import convert_raw_dir, list_raw_files, read_raw_csv
+from sphyr_jax.data.datasets import is_hard, list_subjects, load_subject
 from sphyr_jax.io import read_json
+from sphyr_jax.problem.grids import densities_from_grid, token_masks
 
 GRID = 6
 SMALL = dict(grid_size=GRID, options=generate.QUICK_OPTIONS, batch_size=8)

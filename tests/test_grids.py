@@ -1,4 +1,4 @@
-"""Acceptance tests for sphyr_jax.grids: text <-> token grids <-> densities.
+"""Acceptance tests for sphyr_jax.problem.grids: text <-> token grids <-> densities.
 
 Truths used here: the stored reference records (their text, and the reference
 implementation's own ``volume_fraction`` / ``unfilled_cells`` /
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sphyr_jax.grids import (
+from sphyr_jax.problem.grids import (
     InvalidProblemError,
     densities_from_grid,
     extract_grid,

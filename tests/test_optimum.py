@@ -17,9 +17,10 @@ import pytest
 from conftest import RTOL_EXACT, RTOL_REFERENCE, report
 from jax.test_util import check_grads
 
-from sphyr_jax import fea, optimum, simp
-from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases, with_budget
-from sphyr_jax.optimum import OptimumCache, OptimumOptions, binarize, reference_optimum_batch
+from sphyr_jax.fem import fea
+from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases, with_budget
+from sphyr_jax.topopt import optimum, simp
+from sphyr_jax.topopt.optimum import OptimumCache, OptimumOptions, binarize, reference_optimum_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -16,11 +16,12 @@ import jax
 import numpy as np
 import pytest
 
-from sphyr_jax import fea, mesh, optimum
-from sphyr_jax.loadcase import load_case_from_grid
+from sphyr_jax.fem import fea, mesh
+from sphyr_jax.problem.loadcase import load_case_from_grid
+from sphyr_jax.topopt import optimum
 
 matplotlib = pytest.importorskip("matplotlib")
-plotting = pytest.importorskip("sphyr_jax.plotting")
+plotting = pytest.importorskip("sphyr_jax.app.plotting")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -14,11 +14,11 @@ import shutil
 import numpy as np
 import pytest
 from absl import flags
-from conftest import FULL_EASY, REPO, RTOL_REFERENCE, SHARED, store_optima
+from conftest import FULL_EASY, REPO, RTOL_REFERENCE, SHARED, require_shared, store_optima
 
-from sphyr_jax import cli
-from sphyr_jax.results import AGGREGATED_SUFFIX, aggregate, rescore_tree
-from sphyr_jax.validation import probe_completions, validate_records
+from sphyr_jax.app import cli, common
+from sphyr_jax.scoring.results import AGGREGATED_SUFFIX, aggregate, rescore_tree
+from sphyr_jax.scoring.validation import probe_completions, validate_records
 
 METRIC_FIELDS = (
     "physically_valid", "load_carrying", "compliance", "ground_truth_compliance",
@@ -232,8 +232,7 @@ def test_probes_follow_the_published_recipe():
 def _seed_table() -> list[str]:
     """The published validate table, as printed in the seed's README."""
     path = SHARED.parent / "seed" / "SPhyR_README.txt"
-    if not path.exists():
-        pytest.skip("seed README not available")
+    require_shared(path)
     lines = path.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("completion "))
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("Reference optimiser"))
@@ -259,8 +258,8 @@ def test_validate_matches_published_table(full_easy_records, optimum_cache):
 
 
 def _run_app(argv, monkeypatch, cache):
-    monkeypatch.setattr(cli, "_cache", lambda: cache)
-    monkeypatch.setattr(cli, "_setup", lambda: None)  # x64 is on; keep JAX config
+    monkeypatch.setattr(common, "cache", lambda: cache)
+    monkeypatch.setattr(common, "setup", lambda: None)  # x64 is on; keep JAX config
     remaining = flags.FLAGS(["sphyr_jax"] + argv)
     try:
         return cli.main(remaining)
@@ -285,8 +284,7 @@ def test_rescore_flagfile(stripped_tree, optimum_cache, tmp_path, monkeypatch, c
 
 
 def test_validate_flagfile(optimum_cache, tmp_path, monkeypatch, capsys):
-    if not FULL_EASY.exists():
-        pytest.skip("reference data not available")
+    require_shared(FULL_EASY)
     out_json = tmp_path / "validate.json"
     status = _run_app(["validate", f"--flagfile={REPO / 'configs' / 'validate.cfg'}",
                        f"--dataset_dir={SHARED / 'datasets'}", f"--output_json={out_json}",
@@ -300,13 +298,11 @@ def test_validate_flagfile(optimum_cache, tmp_path, monkeypatch, capsys):
     assert _read(out_json)["samples"] == 20
 
 
-def test_usage_errors(monkeypatch, optimum_cache, tmp_path):
-    from absl import app
-
-    with pytest.raises(app.UsageError):
-        _run_app(["nonsense"], monkeypatch, optimum_cache)
-    with pytest.raises(app.UsageError):
-        _run_app(["convert"], monkeypatch, optimum_cache)
+def test_usage_errors(monkeypatch, optimum_cache, tmp_path, capsys):
+    assert _run_app(["nonsense"], monkeypatch, optimum_cache) == 2
+    assert "unknown command 'nonsense'" in capsys.readouterr().err
+    assert _run_app(["convert"], monkeypatch, optimum_cache) == 2
+    assert "convert needs --raw_dir" in capsys.readouterr().err
     empty = tmp_path / "empty"
     empty.mkdir()
     assert _run_app(["rescore", f"--results_root={empty}", "--progress=false"],
@@ -317,8 +313,9 @@ KILL_SCRIPT = """
 import os, signal, sys
 import jax
 jax.config.update("jax_enable_x64", True)
-from sphyr_jax import io, results
-from sphyr_jax.optimum import OptimumCache
+from sphyr_jax import io
+from sphyr_jax.scoring import results
+from sphyr_jax.topopt.optimum import OptimumCache
 
 root, cache_dir, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
 original = io._write_temp

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import COMPILE_CACHE, GPT4O_RESULTS, REPO, store_optima
 
-from sphyr_jax.results import rescore_tree
+from sphyr_jax.scoring.results import rescore_tree
 
 
 def _run(code: str, *args: str, devices: int = 4) -> subprocess.CompletedProcess:
@@ -33,11 +33,11 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
     jax.config.update("jax_enable_x64", True)
-    from sphyr_jax import simp
-    from sphyr_jax.grids import densities_from_grid, extract_grid
-    from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases
-    from sphyr_jax.metrics import analyze_batch
-    from sphyr_jax.optimum import OptimumOptions, reference_optimum_batch
+    from sphyr_jax.topopt import simp
+    from sphyr_jax.problem.grids import densities_from_grid, extract_grid
+    from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
+    from sphyr_jax.scoring.metrics import analyze_batch
+    from sphyr_jax.topopt.optimum import OptimumOptions, reference_optimum_batch
 
     records = json.load(open(sys.argv[1]))[:13]
     cases = stack_load_cases([load_case_from_grid(r["ground_truth"], r["prompt"])
@@ -105,10 +105,10 @@ SCRIPT_3D = textwrap.dedent("""
     import json, pathlib
     import jax, numpy as np
     jax.config.update("jax_enable_x64", True)
-    from sphyr_jax.convert import read_raw_csv_3d
-    from sphyr_jax.grids import densities_from_grid
-    from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases
-    from sphyr_jax.metrics import analyze_batch
+    from sphyr_jax.data.convert import read_raw_csv_3d
+    from sphyr_jax.problem.grids import densities_from_grid
+    from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
+    from sphyr_jax.scoring.metrics import analyze_batch
 
     files = sorted(pathlib.Path("data/dataset_3d/raw").glob("*_SPhyR_3D.csv"))
     grids = [read_raw_csv_3d(p).grid("hard") for p in files]
@@ -139,8 +139,8 @@ SCRIPT_YARDSTICK = textwrap.dedent("""
     import json
     import jax, numpy as np
     jax.config.update("jax_enable_x64", True)
-    from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases
-    from sphyr_jax.yardstick import DEFAULT_REFERENCE, reference_optimum_batch
+    from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
+    from sphyr_jax.topopt.yardstick import DEFAULT_REFERENCE, reference_optimum_batch
     import dataclasses
 
     lines = open("data/dataset/full_easy.jsonl").read().splitlines()[:8]

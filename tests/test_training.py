@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sphyr_jax import fea, training
-from sphyr_jax.grids import densities_from_grid, parse_number
-from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases
-from sphyr_jax.optimum import OptimumCache, OptimumResult
-from sphyr_jax.symmetry import AXIS_DIRECTIONS, transform_record, turn_records
+from sphyr_jax import training
+from sphyr_jax.fem import fea
+from sphyr_jax.problem.grids import densities_from_grid, parse_number
+from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
+from sphyr_jax.problem.symmetry import AXIS_DIRECTIONS, transform_record, turn_records
+from sphyr_jax.topopt.optimum import OptimumCache, OptimumResult
 
 TINY = training.TrainConfig(
     steps=60, batch_size=8, learning_rate=1e-2, warmup_steps=5, log_every=20, seed=0,
@@ -289,7 +290,7 @@ def _transform_tokens(grid, k, mirror):
 
 @pytest.fixture(scope="module")
 def data_records():
-    from sphyr_jax.datasets import load_subject
+    from sphyr_jax.data.datasets import load_subject
 
     return {s: load_subject(str(DATA / "dataset"), s, limit=3)
             for s in ("full_easy", "full_hard", "3_random_column_hard", "5_random_cell_easy")}
@@ -372,8 +373,8 @@ def test_completions_keep_known_cells_and_format_in_every_direction(trained, dat
 
 def test_embedded_turned_datasets_match_the_turned_records():
     """data/dataset_<n>_rotations holds data/dataset turned with the direction its name encodes."""
-    from sphyr_jax.datasets import list_subjects, load_subject
-    from sphyr_jax.loadcase import gravity_from_folder
+    from sphyr_jax.data.datasets import list_subjects, load_subject
+    from sphyr_jax.problem.loadcase import gravity_from_folder
 
     for tag, k in (("3_rotations", 1), ("2_rotations", 2), ("1_rotations", 3)):
         folder = DATA / f"dataset_{tag}"

@@ -17,8 +17,8 @@ import pytest
 from conftest import REPO
 
 from sphyr_jax import training
-from sphyr_jax.grids import InvalidProblemError
-from sphyr_jax.loadcase import load_case_from_grid
+from sphyr_jax.problem.grids import InvalidProblemError
+from sphyr_jax.problem.loadcase import load_case_from_grid
 
 SHAPE = (6, 6, 6)
 PROBLEM = training.ProblemConfig(shape=SHAPE, load_run=(2, 4), support_run=(2, 5),

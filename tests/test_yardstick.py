@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 from conftest import REPO, RTOL_REFERENCE, report
 
-from sphyr_jax import simp, yardstick
-from sphyr_jax.loadcase import load_case_from_grid, stack_load_cases
-from sphyr_jax.metrics import ScoreItem, score_batch
-from sphyr_jax.optimum import (
+from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
+from sphyr_jax.scoring.metrics import ScoreItem, score_batch
+from sphyr_jax.scoring.results import AGGREGATED_SUFFIX, rescore_tree
+from sphyr_jax.topopt import simp, yardstick
+from sphyr_jax.topopt.optimum import (
     DEFAULT_OPTIONS,
     OptimumCache,
     optimum_key,
     optimum_options,
 )
-from sphyr_jax.results import AGGREGATED_SUFFIX, rescore_tree
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import reference_method  # noqa: E402
@@ -192,13 +192,13 @@ def test_app_selects_the_yardstick(tmp_path):
     """``--optimum`` reaches the app's cache; ``reference`` is the default."""
     from absl import flags
 
-    from sphyr_jax import cli
+    from sphyr_jax.app import common
 
     for argv, expected in (([], "reference"), (["--optimum=strong"], "strong"),
                            (["--optimum=reference"], "reference")):
         flags.FLAGS(["sphyr_jax", f"--cache_dir={tmp_path}"] + argv)
         try:
-            assert cli._cache().optimum == expected
+            assert common.cache().optimum == expected
         finally:
             flags.FLAGS.unparse_flags()
     with pytest.raises(flags.IllegalFlagValueError):
@@ -230,7 +230,8 @@ def test_exact_polish_agrees_with_the_low_rank_polish():
     factorisation take the same swaps on 2D samples, from perturbed answers."""
     import jax
 
-    from sphyr_jax import fea, yardstick_polish
+    from sphyr_jax.fem import fea
+    from sphyr_jax.topopt import yardstick_polish
 
     lines = (REPO / "data" / "dataset" / "full_easy.jsonl").read_text().splitlines()[:6]
     records = [json.loads(line) for line in lines]

@@ -6,7 +6,7 @@ every training problem is drawn at random (:mod:`~sphyr_jax.training.problems`)
 and the loss is physics — compliance through the differentiable FEA relative to
 the solid grid, plus a price on material (:mod:`~sphyr_jax.training.loop`).
 Completions are rounded to the subject's format and scored with
-:func:`sphyr_jax.metrics.score_batch` (:mod:`~sphyr_jax.training.evaluation`);
+:func:`sphyr_jax.scoring.metrics.score_batch` (:mod:`~sphyr_jax.training.evaluation`);
 :mod:`~sphyr_jax.training.leaderboard` scores one model on every subject and
 load direction beside the empty / solid baselines and stored completions.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sphyr_jax.datasets import VARIANTS
+from sphyr_jax.data.datasets import VARIANTS
 
 MASK_VARIANTS = VARIANTS  # the SPhyR mask variants, in convert's order
 DIRECTION_NAMES = ("down", "right", "up", "left")  # k counter-clockwise turns of down
@@ -35,7 +35,7 @@ class ProblemConfig:
         support_run: (min, max) length of the support run on the bottom row
             (3D: of each side of the support patch).
         variant_weights: relative frequency of the mask variants of
-            ``MASK_VARIANTS`` (drawn exactly like ``sphyr_jax.convert``: cells
+            ``MASK_VARIANTS`` (drawn exactly like ``sphyr_jax.data.convert``: cells
             with replacement anywhere, L/S included; distinct inner rows;
             distinct columns, L/S included; full = rows 1..nely-2).
         hard_fraction: share of problems in the hard format (one decimal; the

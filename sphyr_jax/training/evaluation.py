@@ -2,7 +2,7 @@
 
 Completions keep every known token of the input and fill the ``V`` cells in
 the subject's format (``0``/``1`` at threshold 0.5, or one decimal); they are
-scored with :func:`sphyr_jax.metrics.score_batch` against the dataset answer
+scored with :func:`sphyr_jax.scoring.metrics.score_batch` against the dataset answer
 (its boundary conditions, its volume fraction as the optimum's budget), with a
 record's ``gravity_dir`` when it has one.
 """
@@ -17,8 +17,8 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from sphyr_jax.grids import MASK, as_grid, check_rectangular
-from sphyr_jax.loadcase import DEFAULT_GRAVITY
+from sphyr_jax.problem.grids import MASK, as_grid, check_rectangular
+from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY
 from sphyr_jax.training.config import TrainConfig
 from sphyr_jax.training.loop import train
 from sphyr_jax.training.model import predict, save_checkpoint
@@ -103,7 +103,7 @@ def complete_records(model, records: Sequence[dict], hard: bool) -> list:
 
 def score_completions(records: Sequence[dict], completions: Sequence, cache=None,
                       num_devices: int | None = None, optimum: str | None = None) -> dict:
-    """Score completions of records with :func:`sphyr_jax.metrics.score_batch`.
+    """Score completions of records with :func:`sphyr_jax.scoring.metrics.score_batch`.
 
     The yardstick is ``optimum`` (``"reference"``: the published optimum, the
     default; ``"strong"``: stricter), or the given cache's.
@@ -112,7 +112,7 @@ def score_completions(records: Sequence[dict], completions: Sequence, cache=None
         Means over records of ``SUMMARY_KEYS``, ``samples`` (count) and
         ``per_record`` (one metrics dict per record).
     """
-    from sphyr_jax.metrics import ScoreItem, score_batch
+    from sphyr_jax.scoring.metrics import ScoreItem, score_batch
 
     items = [ScoreItem(c, r["ground_truth"], r["input_grid"], _gravity(r) or DEFAULT_GRAVITY)
              for r, c in zip(records, completions, strict=True)]
@@ -130,7 +130,7 @@ def evaluate(model, records: Sequence[dict], hard: bool, cache=None,
         model: a trained :class:`~sphyr_jax.training.model.DensityNet`.
         records: ``{"input_grid", "ground_truth"}`` (+ optional ``"gravity_dir"``).
         hard: subject format (one decimal) or 0/1.
-        cache: an :class:`~sphyr_jax.optimum.OptimumCache` shared between calls.
+        cache: an :class:`~sphyr_jax.topopt.optimum.OptimumCache` shared between calls.
         num_devices: devices scoring is split over (None: all local).
 
     Returns:

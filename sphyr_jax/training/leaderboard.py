@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sphyr_jax.grids import extract_grid
-from sphyr_jax.loadcase import DEFAULT_GRAVITY_3D, gravity_from_folder, normalise_gravity
-from sphyr_jax.symmetry import AXIS_DIRECTIONS, ROTATION_TAGS, turn_records
+from sphyr_jax.problem.grids import extract_grid
+from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY_3D, gravity_from_folder, normalise_gravity
+from sphyr_jax.problem.symmetry import AXIS_DIRECTIONS, ROTATION_TAGS, turn_records
 from sphyr_jax.training.config import DIRECTION_NAMES
 from sphyr_jax.training.evaluation import complete_records, fill_masked, score_completions
 
@@ -121,7 +121,7 @@ def load_dataset_groups(sources: Sequence, subjects: Sequence[str] | None = None
     16 and their 16 voxel ``_3d`` twins); a ``<subject>.jsonl``/``.json`` file
     its subject.  The load direction
     is a record's ``gravity_dir`` or else the folder name's rotation tag
-    (``..._3_rotations`` -> right, see :func:`sphyr_jax.loadcase.gravity_from_folder`);
+    (``..._3_rotations`` -> right, see :func:`sphyr_jax.problem.loadcase.gravity_from_folder`);
     folders differing only by that tag share a source label.
 
     Args:
@@ -129,7 +129,7 @@ def load_dataset_groups(sources: Sequence, subjects: Sequence[str] | None = None
         subjects: subjects to load (None: all available).
         limit: first N records of each subject.
     """
-    from sphyr_jax.datasets import DatasetError, list_subjects, load_subject
+    from sphyr_jax.data.datasets import DatasetError, list_subjects, load_subject
 
     groups = []
     for src in sources:
@@ -160,7 +160,7 @@ def load_results_groups(results_root, subjects: Sequence[str] | None = None,
     folders that differ only by their rotation tag are one source.  Unreadable
     records are skipped.
     """
-    from sphyr_jax.datasets import list_subjects
+    from sphyr_jax.data.datasets import list_subjects
 
     groups = []
     wanted = set(subjects or list_subjects())
@@ -196,7 +196,7 @@ def build_leaderboard(model, groups: Sequence[EvalGroup], cache=None,
         model: a :class:`~sphyr_jax.training.model.DensityNet`.
         groups: see :func:`load_dataset_groups`, :func:`load_results_groups`,
             :func:`add_turned_groups`.
-        cache: :class:`~sphyr_jax.optimum.OptimumCache` (one per yardstick).
+        cache: :class:`~sphyr_jax.topopt.optimum.OptimumCache` (one per yardstick).
         num_devices: devices scoring is split over (None: all local).
         progress: optional callable receiving a line per stage.
 
@@ -206,7 +206,7 @@ def build_leaderboard(model, groups: Sequence[EvalGroup], cache=None,
         "model", "empty", "solid" and every stored model}], "entries": [...]}``
         plus ``"completions"``: the model's token grids per group.
     """
-    from sphyr_jax.datasets import is_hard
+    from sphyr_jax.data.datasets import is_hard
 
     say = progress or (lambda line: None)
     records, completions, owners = [], [], []
@@ -245,7 +245,7 @@ def build_leaderboard(model, groups: Sequence[EvalGroup], cache=None,
 
 
 def _order(rows):
-    from sphyr_jax.datasets import list_subjects
+    from sphyr_jax.data.datasets import list_subjects
 
     subj = {s: i for i, s in enumerate(list_subjects())}
     dirs = {d: i for i, d in enumerate(DIRECTION_NAMES)}

@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sphyr_jax import fea
-from sphyr_jax.loadcase import LoadCase
+from sphyr_jax.fem import fea
+from sphyr_jax.problem.loadcase import LoadCase
 from sphyr_jax.training.config import LossConfig, TrainConfig
 from sphyr_jax.training.model import init_model, predict
 from sphyr_jax.training.problems import (

@@ -26,7 +26,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from sphyr_jax.symmetry import turn_planes, turn_vector
+from sphyr_jax.problem.symmetry import turn_planes, turn_vector
 from sphyr_jax.training.config import ModelConfig, model_config_from_dict
 from sphyr_jax.training.problems import CHANNELS, channels
 

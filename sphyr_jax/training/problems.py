@@ -5,9 +5,9 @@ on the top edge, a support run on the bottom edge, gravity down — with the
 known cells empty or taken from a pool of plausible designs (short SIMP runs),
 masked like one of the eight SPhyR variants, in the easy (0/1) or hard (one
 decimal) format; it is then optionally mirrored left-right and turned by
-quarter turns with its load direction (:mod:`sphyr_jax.symmetry`), so every
+quarter turns with its load direction (:mod:`sphyr_jax.problem.symmetry`), so every
 load direction and every edge occurs.  :func:`build_problem` turns one into a
-:class:`~sphyr_jax.loadcase.LoadCase` (design cells = masked non-L/S cells) and
+:class:`~sphyr_jax.problem.loadcase.LoadCase` (design cells = masked non-L/S cells) and
 the model's input features; :func:`grid_features` computes the same features
 from a dataset's input grid.
 """
@@ -22,16 +22,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sphyr_jax import simp
-from sphyr_jax.grids import as_grid, check_rectangular, densities_from_grid, token_masks
-from sphyr_jax.loadcase import (
+from sphyr_jax.problem.grids import as_grid, check_rectangular, densities_from_grid, token_masks
+from sphyr_jax.problem.loadcase import (
     DEFAULT_GRAVITY,
     DEFAULT_GRAVITY_3D,
     LoadCase,
     normalise_gravity,
     unless_2d_default,
 )
-from sphyr_jax.symmetry import AXIS_DIRECTIONS, mirror_planes, turn_planes
+from sphyr_jax.problem.symmetry import AXIS_DIRECTIONS, mirror_planes, turn_planes
+from sphyr_jax.topopt import simp
 from sphyr_jax.training.config import MASK_VARIANTS, ProblemConfig
 
 CHANNELS = ("load", "support", "masked", "known", "gravity_row", "gravity_col")
@@ -54,7 +54,7 @@ def _node_sum(cells: jax.Array) -> jax.Array:
 def force_vector(load_mask: jax.Array, gravity: jax.Array) -> jax.Array:
     """Unit resultant split over the $2^d$ nodes of every load cell, (n_dofs,).
 
-    The JAX twin of :func:`sphyr_jax.loadcase.force_vector` (traceable): DOF k
+    The JAX twin of :func:`sphyr_jax.problem.loadcase.force_vector` (traceable): DOF k
     of a node points along grid axis $d - 1 - k$ (column, row[, layer]).
     """
     d = load_mask.ndim
@@ -170,8 +170,8 @@ def sample_boundary(key, cfg: ProblemConfig):
 def variant_mask(key, variant, shape: tuple[int, ...]) -> jax.Array:
     """The canonical-frame mask (*shape) bool of a SPhyR variant (index into ``MASK_VARIANTS``).
 
-    Drawn like :func:`sphyr_jax.convert.mask_grid` (2D) and
-    :func:`sphyr_jax.convert.mask_grid_3d`: ``<n>_random_cell`` = n draws with
+    Drawn like :func:`sphyr_jax.data.convert.mask_grid` (2D) and
+    :func:`sphyr_jax.data.convert.mask_grid_3d`: ``<n>_random_cell`` = n draws with
     replacement anywhere (L/S cells included); ``<n>_random_row`` = n distinct
     rows among 1..nely-2 (3D: n distinct rows of the interior layers);
     ``<n>_random_column`` = n distinct columns, L/S included (3D: vertical

@@ -1,0 +1,26 @@
+"""``convert``: raw SPhyR CSVs to the 16 subject files."""
+
+from __future__ import annotations
+
+from absl import flags
+
+from sphyr_jax.app import common
+
+NAME = "convert"
+SUMMARY = "Convert a folder of raw SPhyR CSVs into the 16 subject files."
+
+flags.DEFINE_string("raw_dir", None, "Folder of *_SPhyR_2D.csv (or _3D) raw samples.")
+flags.DEFINE_enum("format", "jsonl", ["jsonl", "json"], "Subject file format.")
+
+FLAGS = flags.FLAGS
+
+
+def main() -> int:
+    from sphyr_jax.data.convert import convert_raw_dir
+
+    raw_dir = common.require("raw_dir", NAME, exists=True)
+    output_dir = common.require("output_dir", NAME)
+    seed = 42 if FLAGS.seed is None else FLAGS.seed
+    written = convert_raw_dir(raw_dir, output_dir, seed=seed, fmt=FLAGS.format)
+    print(f"converted {raw_dir} -> {output_dir}: {len(written)} subject files")
+    return 0

@@ -1,0 +1,39 @@
+"""``rescore``: add the physical metrics to every record of a results tree."""
+
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+
+from sphyr_jax.app import common
+
+NAME = "rescore"
+SUMMARY = "Score every record of a results tree in place and print the leaderboard."
+
+flags.DEFINE_bool("dry_run", False, "Compute the metrics but write nothing.")
+flags.DEFINE_integer("chunk", 4096, "Records scored per batch (bounds memory).", lower_bound=1)
+
+FLAGS = flags.FLAGS
+
+
+def main() -> int:
+    from sphyr_jax.scoring.results import format_leaderboard, rescore_tree
+
+    root = common.require("results_root", NAME, exists=True)
+    summary = rescore_tree(root, dry_run=FLAGS.dry_run,
+                           design_efficiency=FLAGS.design_efficiency, cache=common.cache(),
+                           num_devices=FLAGS.num_devices, progress=common.progress(),
+                           chunk=FLAGS.chunk, log=lambda m: print(m, file=sys.stderr))
+    if summary.files == 0:
+        print(f"nothing could be read under {root}", file=sys.stderr)
+        return 1
+    if FLAGS.dry_run:
+        print("dry run: nothing was written")
+    print()
+    print(format_leaderboard(summary.leaderboard))
+    print()
+    print(summary.line())
+    common.write_json({"rows": summary.leaderboard, "per_file": summary.per_file,
+                       "corrupt": summary.corrupt, "summary": summary.line()})
+    return 0

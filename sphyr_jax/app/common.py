@@ -1,0 +1,94 @@
+"""Flags every command shares, and the start-up and helpers built on them.
+
+Each flag is defined once: the shared ones here, each command's own in its
+module under :mod:`sphyr_jax.app.commands`.  Validators run at parse time, so
+a bad value stops the app before any work with one line naming the flag.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from absl import flags
+
+from sphyr_jax.errors import UserInputError
+
+REPO_DATA = pathlib.Path(__file__).resolve().parents[2] / "data"
+DATASET_VERSIONS = ("v1", "v2", "v2-20")
+
+flags.DEFINE_integer("num_devices", None, "Devices batches are split over (default: all).",
+                     lower_bound=1)
+flags.DEFINE_integer("cpu_devices", None,
+                     "XLA CPU devices to create (default: one per core; CPU only).",
+                     lower_bound=1)
+flags.DEFINE_string("cache_dir", None, "Folder persisting reference optima between runs.")
+flags.DEFINE_string("compilation_cache_dir", None,
+                    "JAX persistent compilation cache (default: $SPHYR_JAX_COMPILATION_CACHE "
+                    "or ~/.cache/sphyr_jax/jax; '' disables it).")
+flags.DEFINE_bool("progress", True, "Show progress bars on stderr.")
+flags.DEFINE_string("output_json", None, "Also write the command's result as JSON here.")
+flags.DEFINE_enum("optimum", "reference", ["reference", "strong"],
+                  "Yardstick: 'reference' reproduces the published optimum and scores; "
+                  "'strong' searches harder (a stiffer optimum: stricter scores).")
+flags.DEFINE_bool("design_efficiency", False,
+                  "Also optimise at each completion's own budget (slower).")
+flags.DEFINE_string("dataset_dir", None,
+                    "Dataset folder, subject file or hub name (default: the embedded data/ "
+                    "set of --dataset_version).")
+flags.DEFINE_enum("dataset_version", "v1", list(DATASET_VERSIONS),
+                  "Which SPhyR set the embedded data come from when --dataset_dir is not given.")
+flags.DEFINE_string("results_root", None, "Folder of <model>/<subject>_results.json.")
+flags.DEFINE_string("output_dir", None, "Output folder.")
+flags.DEFINE_integer("seed", None, "Random seed (each command documents its default).")
+
+FLAGS = flags.FLAGS
+
+
+def data_dir(name: str) -> str:
+    """An embedded ``data/<name>`` folder of the repository (or of the working folder)."""
+    for base in (REPO_DATA, pathlib.Path.cwd() / "data"):
+        if (base / name).is_dir():
+            return str(base / name)
+    raise UserInputError(f"no embedded data/{name} folder found; pass it explicitly")
+
+
+def setup() -> None:
+    """Process-wide start-up; must run before JAX initialises its backends."""
+    from sphyr_jax.runtime import enable_compilation_cache, enable_x64
+    from sphyr_jax.sharding import configure_host_devices
+
+    configure_host_devices(FLAGS.cpu_devices)
+    enable_x64()
+    enable_compilation_cache(FLAGS.compilation_cache_dir)  # '' leaves it off
+
+
+def progress():
+    """The progress reporter the flags ask for."""
+    from sphyr_jax.progress import ProgressBar
+
+    return ProgressBar(enabled=FLAGS.progress)
+
+
+def cache():
+    """The optimum cache the flags ask for."""
+    from sphyr_jax.topopt.optimum import OptimumCache
+
+    return OptimumCache(FLAGS.cache_dir, optimum=FLAGS.optimum, num_devices=FLAGS.num_devices)
+
+
+def write_json(obj) -> None:
+    """Write ``obj`` to ``--output_json`` (atomically) when that flag is set."""
+    if FLAGS.output_json:
+        from sphyr_jax.io import atomic_write_json
+
+        atomic_write_json(FLAGS.output_json, obj, indent=2)
+
+
+def require(flag_name: str, command: str, exists: bool = False) -> str:
+    """The value of a flag the command cannot run without (a path that must exist)."""
+    value = getattr(FLAGS, flag_name)
+    if value in (None, ""):
+        raise UserInputError(f"{command} needs --{flag_name}")
+    if exists and not pathlib.Path(value).exists():
+        raise UserInputError(f"--{flag_name}={value} does not exist")
+    return value

@@ -1,0 +1,7 @@
+"""The evaluation layer: running models on SPhyR and reporting the results.
+
+Prompts and sample order of the published benchmark, model backends, the
+resumable harness that calls a model and scores its completions, baseline
+completions (:mod:`~sphyr_jax.evaluation.baselines`) and the report tables.
+Built on :mod:`sphyr_jax.data` and :mod:`sphyr_jax.scoring`.
+"""

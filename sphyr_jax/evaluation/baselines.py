@@ -1,0 +1,190 @@
+"""Baseline "models" that fill masked cells without reasoning, as stored results files.
+
+Each baseline answers every record of every subject of a dataset folder and is
+written like a real model's results: ``<results_root>/<model>/<subject>_results.json``,
+a JSON list of ``{"subject", "prompt", "ground_truth", "completion"}`` records
+(plus ``"gravity_dir"`` when the dataset record has one), grids as
+newline/space text.  The baselines:
+
+* ``empty``: every ``V`` cell becomes ``0`` (``0.0`` in hard subjects);
+* ``solid``: every ``V`` cell becomes ``1`` (``1.0``);
+* ``random``: seeded coin flips (easy) or uniform one-decimal values (hard);
+* ``copy_input``: the input grid returned unchanged, ``V`` cells included.
+
+They bracket the scores a real model should beat: empty answers are rarely
+load-carrying, solid ones always are but waste material, and a copied input
+leaves every masked cell unfilled.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from sphyr_jax.data.datasets import is_hard, list_subjects, load_subject
+from sphyr_jax.io import atomic_write_files
+from sphyr_jax.problem.grids import MASK, grid_to_text
+
+MODELS = ("empty", "solid", "random", "copy_input")
+_DIRECTION_WORDS = {(1, 0): "downwards", (-1, 0): "upwards", (0, -1): "to the left",
+                    (0, 1): "to the right"}
+
+
+def make_prompt(input_grid, hard: bool, gravity_dir=None) -> str:
+    """A task description followed by the input grid as text.
+
+    The grid is the only grid-like block of the prompt, so
+    :func:`sphyr_jax.extract_grid` reads it back.
+
+    Args:
+        input_grid: the masked grid (token lists or text).
+        hard: ask for one-decimal densities instead of 0/1.
+        gravity_dir: optional (row, col) load direction to mention.
+    """
+    if hard:
+        values = ("a density between 0.0 and 1.0 written with exactly one decimal "
+                  "(0.0 for no material, 1.0 for full material)")
+    else:
+        values = "either 1 for solid material or 0 for no material"
+    direction = "downwards (towards the bottom of the grid)"
+    if gravity_dir is not None:
+        key = tuple(int(v) for v in gravity_dir)
+        direction = _DIRECTION_WORDS.get(key, f"along the row/column step {list(key)}")
+    return (
+        "The grid below describes a two-dimensional structure cut into square cells.\n"
+        "Legend: L marks a cell where the load acts, S marks a supported (fixed) cell, "
+        "V marks a hidden cell whose value you must decide, and a number gives the "
+        "amount of material in a cell.\n"
+        f"The load pushes {direction}.\n"
+        f"Replace every V with {values}, so that the finished structure carries the "
+        "load into the supports as stiffly as possible while spending little material.\n"
+        "Leave all other cells exactly as they are.\n"
+        "\n"
+        f"{grid_to_text(input_grid)}\n"
+        "\n"
+        "Answer with the completed grid only: the same number of rows and columns, "
+        "one row per line, cells separated by single spaces.\n"
+    )
+
+
+def _fill(grid, values) -> list[list[str]]:
+    """Replace the ``V`` cells of a token grid with ``values`` (row-major iterator)."""
+    it = iter(values)
+    return [[next(it) if str(t).strip() == MASK else str(t) for t in row] for row in grid]
+
+
+def _count_masked(grid) -> int:
+    return sum(str(t).strip() == MASK for row in grid for t in row)
+
+
+def complete(model: str, input_grid, hard: bool, rng: np.random.Generator | None = None):
+    """A baseline's completion of one input grid, as a token grid.
+
+    Args:
+        model: one of :data:`MODELS`.
+        input_grid: masked token grid.
+        hard: one-decimal densities instead of 0/1.
+        rng: generator for ``random`` (advanced in place).
+
+    Raises:
+        ValueError: for an unknown model, or ``random`` without a generator.
+    """
+    n = _count_masked(input_grid)
+    if model == "copy_input":
+        return [[str(t) for t in row] for row in input_grid]
+    if model in ("empty", "solid"):
+        token = ("0", "1")[model == "solid"]
+        return _fill(input_grid, [f"{token}.0" if hard else token] * n)
+    if model == "random":
+        if rng is None:
+            raise ValueError("the random baseline needs a numpy Generator")
+        if hard:
+            values = [f"{v / 10:.1f}" for v in rng.integers(0, 11, size=n)]
+        else:
+            values = [str(v) for v in rng.integers(0, 2, size=n)]
+        return _fill(input_grid, values)
+    raise ValueError(f"unknown baseline {model!r}; choose from {MODELS}")
+
+
+def _subject_rng(seed: int, subject: str) -> np.random.Generator:
+    """A generator that depends only on the seed and the subject name."""
+    return np.random.default_rng([seed, zlib.crc32(subject.encode("utf-8"))])
+
+
+def baseline_records(model: str, subject: str, records: Sequence[dict], seed: int = 0):
+    """Result records of one baseline on one subject's dataset records."""
+    hard = is_hard(subject)
+    rng = _subject_rng(seed, subject) if model == "random" else None
+    out = []
+    for record in records:
+        gravity = record.get("gravity_dir")
+        row = {
+            "subject": subject,
+            "prompt": make_prompt(record["input_grid"], hard, gravity),
+            "ground_truth": grid_to_text(record["ground_truth"]),
+            "completion": grid_to_text(complete(model, record["input_grid"], hard, rng)),
+        }
+        if gravity is not None:
+            row["gravity_dir"] = list(gravity)
+        out.append(row)
+    return out
+
+
+def _json_text(obj) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def write_baseline_results(dataset_dir, results_root, seed: int = 0,
+                           models: Sequence[str] = MODELS) -> list[pathlib.Path]:
+    """Write every baseline's results for every subject found in a dataset folder.
+
+    Args:
+        dataset_dir: folder with ``<subject>.jsonl`` / ``.json`` files (any
+            source :func:`sphyr_jax.data.datasets.load_subject` reads).
+        results_root: results are written to ``<results_root>/<model>/``.
+        seed: seed of the ``random`` baseline (per subject, order-independent).
+        models: baselines to write.
+
+    Returns:
+        The written paths, model by model, subjects in the standard order.
+
+    Raises:
+        ValueError: for an unknown model or a folder without any subject.
+        sphyr_jax.data.datasets.DatasetError: for a malformed subject file.
+        OSError: if writing fails; no results file is then changed.
+    """
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown baselines {unknown}; choose from {MODELS}")
+    root = pathlib.Path(dataset_dir)
+    subjects = [s for s in list_subjects()
+                if (root / f"{s}.jsonl").is_file() or (root / f"{s}.json").is_file()]
+    if not subjects:
+        raise ValueError(f"{root}: no subject files (<subject>.jsonl or <subject>.json)")
+    data = {s: load_subject(root, s) for s in subjects}
+    texts: dict[pathlib.Path, str] = {}
+    for model in models:
+        for subject in subjects:
+            path = pathlib.Path(results_root) / model / f"{subject}_results.json"
+            texts[path] = _json_text(baseline_records(model, subject, data[subject], seed))
+    created = []
+    try:
+        for model in models:
+            folder = pathlib.Path(results_root) / model
+            for parent in reversed([folder, *folder.parents]):
+                if not parent.exists():
+                    parent.mkdir()
+                    created.append(parent)
+        atomic_write_files(texts)
+    except BaseException:
+        for folder in reversed(created):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        raise
+    return list(texts)

@@ -1,0 +1,261 @@
+r"""Dimension-generic structured grids: node lattice, DOFs and matrix-free operators.
+
+A grid of ``cells = (n_0, ..., n_{d-1})`` elements (one :class:`~sphyr_jax.
+elements.Element` per cell: Q4 in 2D, H8 in 3D) has a node lattice of shape
+``(n_0 + 1, ..., n_{d-1} + 1)`` numbered row-major (C order).  Axes are printed
+axes: ``(row, col)`` in 2D, ``(layer, row, col)`` in 3D, index 0 printed first.
+
+DOF order (the same as :mod:`sphyr_jax.fem.mesh` in 2D): node ``n`` owns DOFs
+``d n + k``, component ``k`` pointing along grid axis ``d - 1 - k`` (2D: x then
+y-down; 3D: along increasing column, row, layer).  A *flat* nodal vector has
+shape ``(n_dofs, ...)``.
+
+Internally (and in every ``*_lattice`` function) nodal fields use the
+component-first *lattice* layout ``(d, n_0 + 1, ..., n_{d-1} + 1, ...)`` and
+element fields the local-DOF-first layout ``(d 2^d, n_0, ..., n_{d-1}, ...)``
+(local DOF ``d a + k`` = component ``k`` of local node ``a``).  Trailing axes
+``...`` are batch axes (batch *last*, as in :mod:`sphyr_jax.fem._banded`), so every
+operation is a fused vector loop over the batch and nothing gathers or
+scatters: element extraction is $2^d$ static slices, nodal accumulation $2^d$
+static pads.
+
+The masked operator used by every solver is
+$\tilde K = D K D + (I - D)$, $D = \mathrm{diag}(\text{free})$, with
+$K = \sum_e E_e K_e$ assembled from unit-modulus element matrices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sphyr_jax.fem.elements import Element, get_element
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StructuredGrid:
+    """Static description of one grid shape.
+
+    Attributes:
+        cells: element counts per grid axis, e.g. ``(nely, nelx)`` or
+            ``(nz, ny, nx)``.
+        element: the element of every cell (Q4 or H8 by dimension).
+    """
+
+    cells: tuple[int, ...]
+    element: Element
+
+    @property
+    def dim(self) -> int:
+        return len(self.cells)
+
+    @property
+    def node_shape(self) -> tuple[int, ...]:
+        """Lattice shape $(n_0 + 1, \\ldots, n_{d-1} + 1)$."""
+        return tuple(n + 1 for n in self.cells)
+
+    @property
+    def n_nodes(self) -> int:
+        return math.prod(self.node_shape)
+
+    @property
+    def n_dofs(self) -> int:
+        return self.dim * self.n_nodes
+
+    @property
+    def n_cells(self) -> int:
+        return math.prod(self.cells)
+
+
+@functools.lru_cache(maxsize=64)
+def get_grid(cells: tuple[int, ...]) -> StructuredGrid:
+    """The cached grid of a shape (2 or 3 positive element counts)."""
+    cells = tuple(int(n) for n in cells)
+    if len(cells) not in (2, 3) or min(cells) <= 0:
+        raise ValueError(f"grid shape must be 2 or 3 positive element counts, got {cells}")
+    return StructuredGrid(cells=cells, element=get_element(len(cells)))
+
+
+def grid_of(moduli_or_cells, batch_axes: int = 0) -> StructuredGrid:
+    """Grid of a shape tuple, or of an element array with ``batch_axes`` trailing axes."""
+    if isinstance(moduli_or_cells, tuple):
+        return get_grid(moduli_or_cells)
+    shape = moduli_or_cells.shape
+    return get_grid(tuple(shape[: len(shape) - batch_axes]))
+
+
+# ----------------------------------------------------------------------------
+# Static connectivity (NumPy; for sparse assembly, tests and inspection).
+
+
+def element_dofs(grid: StructuredGrid) -> np.ndarray:
+    """Global (flat) DOFs of every element in local order, shape (n_cells, d 2^d).
+
+    Elements are numbered row-major over ``cells``; equal to
+    :func:`sphyr_jax.fem.mesh.element_dofs` in 2D.
+    """
+    d = grid.dim
+    idx = np.indices(grid.cells).reshape(d, -1)  # (d, n_cells)
+    strides = np.array([math.prod(grid.node_shape[i + 1 :]) for i in range(d)])
+    nodes = np.stack(
+        [((idx + np.array(off)[:, None]) * strides[:, None]).sum(0)
+         for off in grid.element.node_offsets], axis=1)  # (n_cells, 2^d)
+    return (d * nodes[:, :, None] + np.arange(d)).reshape(grid.n_cells, -1)
+
+
+# ----------------------------------------------------------------------------
+# Layout conversions.
+
+
+def to_lattice(grid: StructuredGrid, flat: jax.Array) -> jax.Array:
+    """Flat nodal vector (n_dofs, ...) -> lattice layout (d, *node_shape, ...)."""
+    rest = flat.shape[1:]
+    x = flat.reshape(grid.node_shape + (grid.dim,) + rest)
+    return jnp.moveaxis(x, grid.dim, 0)
+
+
+def from_lattice(grid: StructuredGrid, lattice: jax.Array) -> jax.Array:
+    """Lattice layout (d, *node_shape, ...) -> flat nodal vector (n_dofs, ...)."""
+    rest = lattice.shape[1 + grid.dim :]
+    return jnp.moveaxis(lattice, 0, grid.dim).reshape((grid.n_dofs,) + rest)
+
+
+def _node_slices(grid: StructuredGrid, offset) -> tuple:
+    return (slice(None),) + tuple(slice(o, o + n) for o, n in zip(offset, grid.cells, strict=True))
+
+
+def element_values_lattice(grid: StructuredGrid, lattice: jax.Array) -> jax.Array:
+    """Element DOF vectors of a lattice field.
+
+    Args:
+        lattice: (d, *node_shape, ...) nodal field.
+
+    Returns:
+        (d 2^d, *cells, ...): entry ``d a + k`` holds component ``k`` at local
+        node ``a`` of every element.
+    """
+    return jnp.concatenate(
+        [lattice[_node_slices(grid, off)] for off in grid.element.node_offsets], axis=0)
+
+
+def nodal_accumulate_lattice(grid: StructuredGrid, elem: jax.Array) -> jax.Array:
+    """Sum element DOF vectors (d 2^d, *cells, ...) into a lattice field (d, *node_shape, ...).
+
+    The transpose of :func:`element_values_lattice`.
+    """
+    d = grid.dim
+    rest = elem.ndim - 1 - d
+    total = None
+    for a, off in enumerate(grid.element.node_offsets):
+        pad = ((0, 0),) + tuple((o, 1 - o) for o in off) + ((0, 0),) * rest
+        part = jnp.pad(elem[d * a : d * (a + 1)], pad)
+        total = part if total is None else total + part
+    return total
+
+
+def node_shares(grid: StructuredGrid, cell_values: jax.Array) -> jax.Array:
+    """Per-node sums of the values of the (up to $2^d$) cells around each node.
+
+    Args:
+        cell_values: (*cells, ...).
+
+    Returns:
+        (*node_shape, ...).
+    """
+    d = grid.dim
+    rest = cell_values.ndim - d
+    total = None
+    for off in grid.element.node_offsets:
+        part = jnp.pad(cell_values, tuple((o, 1 - o) for o in off) + ((0, 0),) * rest)
+        total = part if total is None else total + part
+    return total
+
+
+def apply_ke(grid: StructuredGrid, xe: jax.Array) -> jax.Array:
+    """$K_e x_e$ (unit modulus) for element vectors (d 2^d, *cells, ...)."""
+    ke = jnp.asarray(grid.element.ke, xe.dtype)
+    flat = xe.reshape(xe.shape[0], -1)
+    return (ke @ flat).reshape(xe.shape)
+
+
+def apply_element_matrices(kes: jax.Array, xe: jax.Array) -> jax.Array:
+    """Per-element matrices times element vectors.
+
+    Args:
+        kes: (m, m, *cells, ...) element matrices.
+        xe: (m, *cells, ...) element vectors.
+
+    Returns:
+        (m, *cells, ...) with $y_{a} = \\sum_b K_{ab} x_b$ per element.
+    """
+    return jnp.sum(kes * xe[None], axis=1)
+
+
+# ----------------------------------------------------------------------------
+# Masked operator, lattice layout.
+
+
+def matvec_lattice(grid: StructuredGrid, moduli, free, x):
+    """$\\tilde K x$, matrix-free.
+
+    Args:
+        moduli: (*cells, ...) element moduli $E_e$.
+        free: (d, *node_shape, ...) free-DOF mask (0/1 floats).
+        x: (d, *node_shape, ...).
+
+    Returns:
+        $\\tilde K x = D K D x + (1 - D) x$, same shape as ``x``.
+    """
+    xe = element_values_lattice(grid, x * free)
+    ye = apply_ke(grid, xe) * moduli[None]
+    return nodal_accumulate_lattice(grid, ye) * free + x * (1.0 - free)
+
+
+def diagonal_lattice(grid: StructuredGrid, moduli, free):
+    """Diagonal of $\\tilde K$ in lattice layout, (d, *node_shape, ...)."""
+    kd = jnp.asarray(np.diag(grid.element.ke), moduli.dtype)
+    kd = kd.reshape((-1,) + (1,) * moduli.ndim)
+    diag = nodal_accumulate_lattice(grid, kd * moduli[None])
+    return diag * free + (1.0 - free)
+
+
+def element_energy_lattice(grid: StructuredGrid, a, b):
+    """$a_e^T K_e b_e$ (unit modulus) per element, (*cells, ...)."""
+    ae = element_values_lattice(grid, a)
+    be = element_values_lattice(grid, b)
+    return jnp.sum(ae * apply_ke(grid, be), axis=0)
+
+
+# ----------------------------------------------------------------------------
+# Flat-layout wrappers (the layout of LoadCase.force / free_dofs).
+
+
+def element_values(grid: StructuredGrid, nodal: jax.Array) -> jax.Array:
+    """Flat nodal vector (n_dofs, ...) -> element DOF vectors (d 2^d, *cells, ...)."""
+    return element_values_lattice(grid, to_lattice(grid, nodal))
+
+
+def nodal_accumulate(grid: StructuredGrid, elem: jax.Array) -> jax.Array:
+    """Element DOF vectors (d 2^d, *cells, ...) -> flat nodal sums (n_dofs, ...)."""
+    return from_lattice(grid, nodal_accumulate_lattice(grid, elem))
+
+
+def matvec(grid: StructuredGrid, moduli, free, x):
+    """$\\tilde K x$ for flat vectors: moduli (*cells, ...), free and x (n_dofs, ...)."""
+    out = matvec_lattice(grid, moduli, to_lattice(grid, free), to_lattice(grid, x))
+    return from_lattice(grid, out)
+
+
+def diagonal(grid: StructuredGrid, moduli, free):
+    """Diagonal of $\\tilde K$, flat (n_dofs, ...); free is flat (n_dofs, ...)."""
+    return from_lattice(grid, diagonal_lattice(grid, moduli, to_lattice(grid, free)))
+
+
+def element_energy(grid: StructuredGrid, a, b):
+    """$a_e^T K_e b_e$ per element for flat vectors (n_dofs, ...), shape (*cells, ...)."""
+    return element_energy_lattice(grid, to_lattice(grid, a), to_lattice(grid, b))

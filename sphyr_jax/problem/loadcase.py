@@ -1,0 +1,280 @@
+"""Load cases: the boundary conditions of one sample as fixed-shape arrays.
+
+A :class:`LoadCase` holds everything that varies between samples of one grid
+shape as arrays (masks, pinned densities, force vector, free-DOF mask, load
+direction, material budget), so load cases of one shape stack into a batch and
+one compiled function serves them all.  DOF conventions: :mod:`sphyr_jax.fem.mesh`
+(2D) and :mod:`sphyr_jax.fem.structured` (any dimension; the same order in 2D).
+
+3D load cases have the same fields with a third grid axis: masks (nz, ny, nx)
+in printed order (layer 0 on top), ``3 (nz+1)(ny+1)(nx+1)`` DOFs and a
+3-vector ``gravity`` in (layer, row, col) steps, down = (1, 0, 0).  The
+dimension of a load case is the length of its ``gravity``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sphyr_jax.problem.grids import (
+    InvalidProblemError,
+    as_grid,
+    check_rectangular,
+    densities_from_grid,
+    token_masks,
+)
+
+DEFAULT_GRAVITY = (1.0, 0.0)
+DEFAULT_GRAVITY_3D = (1.0, 0.0, 0.0)
+
+_ROTATION_GRAVITY = (
+    ("3_rotations", (0.0, 1.0)),
+    ("2_rotations", (-1.0, 0.0)),
+    ("1_rotations", (0.0, -1.0)),
+)
+
+
+class LoadCase(eqx.Module):
+    """Boundary conditions of one sample (or a batch: leading axes on every field).
+
+    Attributes:
+        load_mask: (..., nely, nelx) bool, ``L`` cells.
+        support_mask: (..., nely, nelx) bool, ``S`` cells.
+        design_mask: (..., nely, nelx) bool, cells the optimiser may change.
+        pinned: (..., nely, nelx) float64, ground-truth densities (L/S solid);
+            the value every non-design cell keeps.
+        force: (..., n_dofs) float64, nodal load vector (zero on fixed DOFs).
+        free_dofs: (..., n_dofs) bool.
+        gravity: (..., 2) float64, unit load direction as a (row, col) step;
+            (..., 3) as a (layer, row, col) step for 3D load cases, whose
+            masks are (..., nz, ny, nx).
+        volume_fraction: (...) float64, ground-truth volume fraction (the budget).
+    """
+
+    load_mask: jax.Array
+    support_mask: jax.Array
+    design_mask: jax.Array
+    pinned: jax.Array
+    force: jax.Array
+    free_dofs: jax.Array
+    gravity: jax.Array
+    volume_fraction: jax.Array
+
+    @property
+    def ndim(self) -> int:
+        """Spatial dimension: 2, or 3 for voxel load cases."""
+        return int(np.shape(self.gravity)[-1])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Grid shape (nely, nelx), or (nz, ny, nx) in 3D."""
+        return tuple(self.load_mask.shape[-self.ndim :])
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(self.load_mask.shape[: -self.ndim])
+
+    @property
+    def structural_mask(self) -> jax.Array:
+        return self.load_mask | self.support_mask
+
+
+def gravity_from_folder(name: str) -> tuple[float, float]:
+    """Load direction (row, col) encoded in a results folder name.
+
+    ``3_rotations`` -> (0, 1), ``2_rotations`` -> (-1, 0), ``1_rotations`` ->
+    (0, -1), anything else -> (1, 0) (down).
+    """
+    for key, direction in _ROTATION_GRAVITY:
+        if key in name:
+            return direction
+    return DEFAULT_GRAVITY
+
+
+def unless_2d_default(gravity_dir, ndim: int):
+    """``gravity_dir`` for a grid of ``ndim`` axes, None (down) for the 2D default on voxels.
+
+    Records, folders and callers without a direction pass the 2D default
+    (1, 0); on a voxel grid that means down.  Any other direction is returned
+    as given (a 2D one is then rejected by :func:`normalise_gravity`).
+    """
+    if (ndim == 3 and gravity_dir is not None and np.size(gravity_dir) == 2
+            and tuple(np.ravel(gravity_dir)) == DEFAULT_GRAVITY):
+        return None
+    return gravity_dir
+
+
+def normalise_gravity(gravity_dir, ndim: int = 2) -> np.ndarray:
+    """Unit (row, col) direction — (layer, row, col) for ``ndim=3`` —; raises
+    InvalidProblemError if unusable."""
+    count = {2: "two", 3: "three"}[ndim]
+    try:
+        g = np.asarray(gravity_dir, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise InvalidProblemError(
+            f"gravity_dir must be {count} numbers, got {gravity_dir!r}") from exc
+    if g.shape != (ndim,) or not np.all(np.isfinite(g)):
+        raise InvalidProblemError(
+            f"gravity_dir must be {count} finite numbers, got {gravity_dir!r}")
+    norm = math.hypot(*g)
+    if norm == 0.0:
+        raise InvalidProblemError("gravity_dir must be non-zero")
+    return g / norm
+
+
+def force_vector(load_mask: np.ndarray, gravity: np.ndarray) -> np.ndarray:
+    """Unit resultant split equally over the four nodes of every load cell.
+
+    Each load cell gives $1 / (4 n_L)$ to each of its nodes (shared nodes
+    accumulate): $f_{2v} \\mathrel{+}= \\text{share}\\, g_{col}$,
+    $f_{2v+1} \\mathrel{+}= \\text{share}\\, g_{row}$.  In 3D every load
+    voxel gives $1 / (8 n_L)$ to each of its 8 nodes and
+    $f_{3v + k} \\mathrel{+}= \\text{share}\\, g_{2 - k}$ (component k along
+    grid axis 2 - k: column, row, layer).
+    """
+    if np.ndim(load_mask) == 3:
+        return _force_vector_nd(np.asarray(load_mask, bool), np.asarray(gravity, np.float64))
+    nely, nelx = load_mask.shape
+    count = int(load_mask.sum())
+    node_share = np.zeros((nely + 1, nelx + 1))
+    if count:
+        share = 1.0 / (4.0 * count)
+        cells = load_mask.astype(np.float64) * share
+        for dr in (0, 1):
+            for dc in (0, 1):
+                node_share[dr : dr + nely, dc : dc + nelx] += cells
+    f = np.zeros(((nely + 1) * (nelx + 1), 2))
+    f[:, 0] = node_share.reshape(-1) * gravity[1]
+    f[:, 1] = node_share.reshape(-1) * gravity[0]
+    return f.reshape(-1)
+
+
+def free_dof_mask(support_mask: np.ndarray) -> np.ndarray:
+    """False on both DOFs of all four nodes of every support cell (in 3D: all
+    three DOFs of all eight nodes of every support voxel)."""
+    if np.ndim(support_mask) == 3:
+        fixed = _node_any(np.asarray(support_mask, bool))
+        return np.repeat(~fixed.reshape(-1), 3)
+    nely, nelx = support_mask.shape
+    fixed_nodes = np.zeros((nely + 1, nelx + 1), dtype=bool)
+    for dr in (0, 1):
+        for dc in (0, 1):
+            fixed_nodes[dr : dr + nely, dc : dc + nelx] |= support_mask
+    return np.repeat(~fixed_nodes.reshape(-1), 2)
+
+
+def design_mask_from_input(input_grid, shape: tuple[int, ...], structural: np.ndarray,
+                           ndim: int | None = None):
+    """``V`` cells of the input grid; all non-L/S cells if it is missing or misfits."""
+    mask = None
+    if input_grid is not None:
+        try:
+            grid = as_grid(input_grid, ndim if ndim is not None else len(shape))
+            if check_rectangular(grid, "input grid") == tuple(shape):
+                mask = token_masks(grid)[2]
+        except InvalidProblemError:
+            mask = None
+    if mask is None:
+        mask = np.ones(shape, dtype=bool)
+    return mask & ~structural
+
+
+def load_case_from_grid(
+    gt_grid, input_grid=None, gravity_dir=None, ndim: int | None = None
+) -> LoadCase:
+    """Boundary conditions of a sample, read from its ground-truth grid.
+
+    Args:
+        gt_grid: ground truth, as text or token lists.  Its ``L``/``S`` cells
+            define the load and supports; its densities are the pinned values.
+        input_grid: the masked input grid; its ``V`` cells (minus L/S) form the
+            design region.  If missing or of another shape, every non-L/S cell
+            is a design cell.
+        gravity_dir: load direction as a (row, col) step — (layer, row, col)
+            in 3D —, normalised; None means down ((1, 0) or (1, 0, 0)).
+        ndim: 2 or 3; None: 3 for nested lists three deep, else 2 (text is
+            read as 2D unless ``ndim=3``).
+
+    Returns:
+        A :class:`LoadCase` of NumPy float64/bool arrays (a valid JAX PyTree).
+
+    Raises:
+        InvalidProblemError: empty or ragged grid, no ``L`` cell, no ``S`` cell,
+            or an unusable gravity direction.
+    """
+    grid = as_grid(gt_grid, ndim)
+    shape = check_rectangular(grid, "ground-truth grid")
+    dim = len(shape)
+    if gravity_dir is None:
+        gravity_dir = DEFAULT_GRAVITY_3D if dim == 3 else DEFAULT_GRAVITY
+    load, support, _ = token_masks(grid)
+    if not load.any():
+        raise InvalidProblemError("ground-truth grid contains no load ('L') cells")
+    if not support.any():
+        raise InvalidProblemError("ground-truth grid contains no support ('S') cells")
+    gravity = normalise_gravity(gravity_dir, dim)
+    pinned, _ = densities_from_grid(grid)
+    design = design_mask_from_input(input_grid, shape, load | support, dim)
+    free = free_dof_mask(support)
+    force = force_vector(load, gravity) * free
+    return LoadCase(
+        load_mask=load,
+        support_mask=support,
+        design_mask=design,
+        pinned=pinned,
+        force=force,
+        free_dofs=free,
+        gravity=gravity,
+        volume_fraction=np.float64(pinned.mean()),
+    )
+
+
+def stack_load_cases(cases: Sequence[LoadCase]) -> LoadCase:
+    """Stack load cases of one grid shape along a new leading axis (NumPy)."""
+    if not cases:
+        raise ValueError("no load cases to stack")
+    shapes = {c.shape for c in cases}
+    if len(shapes) != 1:
+        raise ValueError(f"load cases have different grid shapes: {sorted(shapes)}")
+    return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *cases)
+
+
+def index_load_case(case: LoadCase, index) -> LoadCase:
+    """Select entries of a batched load case."""
+    return jax.tree.map(lambda x: x[index], case)
+
+
+def with_budget(case: LoadCase, volume_fraction) -> LoadCase:
+    """The same load case with another material budget."""
+    return eqx.tree_at(lambda c: c.volume_fraction, case,
+                       jnp.asarray(volume_fraction, dtype=jnp.float64)
+                       if isinstance(case.volume_fraction, jax.Array)
+                       else np.asarray(volume_fraction, dtype=np.float64))
+
+
+def _node_any(cells: np.ndarray) -> np.ndarray:
+    """Nodes touching at least one marked cell, (*cells + 1)."""
+    out = np.zeros(tuple(n + 1 for n in cells.shape), dtype=bool)
+    for off in np.ndindex(*(2,) * cells.ndim):
+        out[tuple(slice(o, o + n) for o, n in zip(off, cells.shape, strict=True))] |= cells
+    return out
+
+
+def _force_vector_nd(load_mask: np.ndarray, gravity: np.ndarray) -> np.ndarray:
+    """Dimension-generic :func:`force_vector` (used for 3D)."""
+    dim = load_mask.ndim
+    count = int(load_mask.sum())
+    node_share = np.zeros(tuple(n + 1 for n in load_mask.shape))
+    if count:
+        cells = load_mask.astype(np.float64) / (2**dim * count)
+        for off in np.ndindex(*(2,) * dim):
+            node_share[tuple(slice(o, o + n)
+                             for o, n in zip(off, load_mask.shape, strict=True))] += cells
+    f = node_share.reshape(-1, 1) * gravity[::-1][None, :]
+    return f.reshape(-1)

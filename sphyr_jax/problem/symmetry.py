@@ -1,0 +1,171 @@
+"""Symmetries of a SPhyR problem: quarter turns and mirrors of a grid with its load.
+
+Turning a grid by a quarter turn (``np.rot90``: counter-clockwise on the
+printed grid) together with its load direction, or mirroring both, gives an
+equivalent problem: the same structure, the same compliance, the same optimum
+up to the optimiser's tie-breaking.  The published rotated result folders are
+such turns of the canonical data (loads on the top edge, supports on the bottom
+edge, gravity down): ``<model>_<n>_rotations`` holds the records turned
+*clockwise* n times, i.e. ``np.rot90(grid, k)`` with ``k = (4 - n) % 4``.
+
+Directions are (row, col) steps, row down and col right.  A counter-clockwise
+quarter turn maps a step (r, c) to (-c, r): down (1, 0) -> right (0, 1) ->
+up (-1, 0) -> left (0, -1).
+
+Grid functions work on text or token grids and return token rows; array
+functions (:func:`turn_planes`, :func:`mirror_planes`) act on the last two
+axes and take traced turn counts, so a batch of problems can be turned by
+different amounts inside one compiled call.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sphyr_jax.problem.grids import as_grid, check_rectangular
+
+DOWN = (1, 0)
+AXIS_DIRECTIONS = ((1, 0), (0, 1), (-1, 0), (0, -1))  # k counter-clockwise turns of down
+ROTATION_TAGS = {1: "3_rotations", 2: "2_rotations", 3: "1_rotations"}  # k -> folder tag
+
+
+def turn_direction(direction, k: int) -> tuple:
+    """A (row, col) step turned by k counter-clockwise quarter turns (``np.rot90``)."""
+    r, c = (float(v) for v in direction)
+    for _ in range(int(k) % 4):
+        r, c = -c, r
+    return (r + 0.0, c + 0.0)  # no negative zeros
+
+
+def mirror_direction(direction, axis: int) -> tuple:
+    """A (row, col) step mirrored like ``np.flip(grid, axis)`` (0: up-down, 1: left-right)."""
+    r, c = (float(v) for v in direction)
+    out = (-r, c) if axis == 0 else (r, -c)
+    return (out[0] + 0.0, out[1] + 0.0)
+
+
+def canonical_turns(direction) -> int:
+    """Counter-clockwise turns k taking down to the axis direction nearest ``direction``.
+
+    ``np.rot90(grid, -k)`` (with the direction turned by -k) brings a problem
+    into the canonical frame, gravity down.  Ties go to the lower k.
+    """
+    g = np.asarray(direction, np.float64)
+    return int(np.argmax([g @ np.asarray(d, np.float64) for d in AXIS_DIRECTIONS]))
+
+
+def rotation_tag(k: int) -> str:
+    """Folder tag (``"1_rotations"`` ...) of data turned k times counter-clockwise; '' for 0."""
+    return ROTATION_TAGS.get(int(k) % 4, "")
+
+
+def turn_grid(grid, k: int) -> list[list[str]]:
+    """A text or token grid turned by k counter-clockwise quarter turns (token rows)."""
+    tokens = as_grid(grid)
+    check_rectangular(tokens)
+    return np.rot90(np.array(tokens, dtype=object), int(k) % 4).tolist()
+
+
+def mirror_grid(grid, axis: int) -> list[list[str]]:
+    """A text or token grid mirrored like ``np.flip(grid, axis)`` (token rows)."""
+    tokens = as_grid(grid)
+    check_rectangular(tokens)
+    return np.flip(np.array(tokens, dtype=object), axis).tolist()
+
+
+def transform_record(record: dict, k: int = 0, mirror: int | None = None) -> dict:
+    """A dataset record mirrored (optional, first) then turned, with its ``gravity_dir``.
+
+    Args:
+        record: ``{"input_grid", "ground_truth"}`` (+ ``"gravity_dir"``, default
+            down; other keys are kept).
+        k: counter-clockwise quarter turns.
+        mirror: None, or the axis of a mirror applied before the turn.
+
+    Returns:
+        A new record with token-list grids and an integer ``gravity_dir``.
+    """
+    out = dict(record)
+    g = tuple(record.get("gravity_dir") or DOWN)
+    for key in ("input_grid", "ground_truth"):
+        if record.get(key) is not None:
+            grid = mirror_grid(record[key], mirror) if mirror is not None else as_grid(record[key])
+            out[key] = turn_grid(grid, k)
+    if mirror is not None:
+        g = mirror_direction(g, mirror)
+    g = turn_direction(g, k)
+    out["gravity_dir"] = [int(v) if float(v).is_integer() else float(v) for v in g]
+    return out
+
+
+def turn_records(records: Sequence[dict], k: int) -> list[dict]:
+    """Every record turned by k counter-clockwise quarter turns (see :func:`transform_record`)."""
+    return [transform_record(r, k) for r in records]
+
+
+def write_turned_dataset(source_dir, output_dir, k: int) -> dict[str, int]:
+    """Write the 16 subject files of a dataset folder turned by k quarter turns.
+
+    Records keep their index and get ``gravity_dir``; files are JSONL like the
+    source (``sphyr_jax.data.convert.render_subject``).  Subjects missing from the
+    source are skipped.
+
+    Returns:
+        ``{subject: number of records written}``.
+    """
+    from sphyr_jax.data.convert import render_subject
+    from sphyr_jax.data.datasets import DatasetError, list_subjects, load_subject
+    from sphyr_jax.io import atomic_write_text
+
+    output_dir = pathlib.Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for subject in list_subjects():
+        try:
+            records = load_subject(str(source_dir), subject)
+        except DatasetError:
+            continue
+        turned = turn_records(records, k)
+        atomic_write_text(output_dir / f"{subject}.jsonl", render_subject(turned, "jsonl"))
+        written[subject] = len(turned)
+    return written
+
+
+def turn_planes(x: jax.Array, k) -> jax.Array:
+    """``np.rot90(x, k, axes=(-2, -1))`` with a traced k (square planes for odd k).
+
+    Args:
+        x: (..., n, n) array (any trailing square planes; (..., h, w) when every
+            k is even).
+        k: integer counter-clockwise turns (traced or static).
+    """
+    if x.shape[-1] != x.shape[-2]:
+        branches = [lambda a: a, lambda a: jnp.rot90(a, 2, axes=(-2, -1))]
+        return jax.lax.switch((jnp.asarray(k) % 4) // 2, branches, x)
+    branches = [lambda a, i=i: jnp.rot90(a, i, axes=(-2, -1)) for i in range(4)]
+    return jax.lax.switch(jnp.asarray(k) % 4, branches, x)
+
+
+def turn_vector(g: jax.Array, k) -> jax.Array:
+    """(row, col) step(s) (..., 2) turned by traced k counter-clockwise quarter turns."""
+    k = jnp.asarray(k) % 4
+    r, c = g[..., 0], g[..., 1]
+    cos = jnp.asarray([1.0, 0.0, -1.0, 0.0])[k]
+    sin = jnp.asarray([0.0, 1.0, 0.0, -1.0])[k]
+    return jnp.stack([cos * r - sin * c, sin * r + cos * c], axis=-1)
+
+
+def mirror_planes(x: jax.Array, flip) -> jax.Array:
+    """Planes (..., h, w) mirrored left-right where the traced flag ``flip`` is true."""
+    return jnp.where(flip, jnp.flip(x, axis=-1), x)
+
+
+def canonical_turns_jax(g: jax.Array) -> jax.Array:
+    """Traced :func:`canonical_turns` of (..., 2) steps: int turns in 0..3."""
+    dirs = jnp.asarray(AXIS_DIRECTIONS, g.dtype)
+    return jnp.argmax(g @ dirs.T, axis=-1)
