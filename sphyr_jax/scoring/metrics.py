@@ -131,11 +131,28 @@ def analyze_batch(load_case: LoadCase, densities, num_devices: int | None = None
 
 
 @dataclasses.dataclass
-class _Prepared:
+class _Sample:
+    """What scoring needs of one sample (shared by all its completions)."""
+
     case: LoadCase
-    out_rho: np.ndarray
     gt_rho: np.ndarray
+
+
+@dataclasses.dataclass
+class _Prepared:
+    sample: int  # position of the item's sample in the call's distinct samples
+    out_rho: np.ndarray
     report: object
+
+
+def _frozen(value):
+    """A hashable stand-in for a grid or direction given as text, tokens or numbers."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return (value.dtype.str, value.shape, value.tobytes())
+    hash(value)  # TypeError for anything else unhashable
+    return value
 
 
 def _fits(grid, shape) -> bool:
@@ -155,22 +172,42 @@ def _item_ndim(item: ScoreItem) -> int:
     return grid_ndim(item.ground_truth)
 
 
-def _prepare(item: ScoreItem) -> _Prepared | None:
-    ndim = _item_ndim(item)
+def _sample_of(item: ScoreItem, ndim: int) -> _Sample | None:
     try:
         case = load_case_from_grid(item.ground_truth, item.input_grid,
                                    unless_2d_default(item.gravity_dir, ndim), ndim=ndim)
     except (InvalidProblemError, TypeError, IndexError, ValueError):
         return None
-    grid = extract_grid(item.completion, ndim=ndim)
-    if grid is None or not _fits(grid, case.shape):
-        return None
-    out_rho, report = densities_from_grid(grid, ndim=ndim)
     structural = np.asarray(case.load_mask | case.support_mask)
-    out_rho[structural] = 1.0
     gt_rho = np.asarray(case.pinned).copy()
     gt_rho[structural] = 1.0
-    return _Prepared(case=case, out_rho=out_rho, gt_rho=gt_rho, report=report)
+    return _Sample(case=case, gt_rho=gt_rho)
+
+
+def _prepare(item: ScoreItem, samples: list, positions: dict) -> _Prepared | None:
+    """Parse one completion; its sample is read once per call (``positions`` memo)."""
+    ndim = _item_ndim(item)
+    try:
+        key = (_frozen(item.ground_truth), _frozen(item.input_grid),
+               _frozen(item.gravity_dir), ndim)
+    except (TypeError, ValueError):
+        key = None  # unhashable inputs: read this sample on its own
+    position = positions.get(key) if key is not None else None
+    if position is None:
+        sample = _sample_of(item, ndim)
+        if sample is None:
+            return None
+        position = len(samples)
+        samples.append(sample)
+        if key is not None:
+            positions[key] = position
+    sample = samples[position]
+    grid = extract_grid(item.completion, ndim=ndim)
+    if grid is None or not _fits(grid, sample.case.shape):
+        return None
+    out_rho, report = densities_from_grid(grid, ndim=ndim)
+    out_rho[np.asarray(sample.case.load_mask | sample.case.support_mask)] = 1.0
+    return _Prepared(sample=position, out_rho=out_rho, report=report)
 
 
 def score_batch(
@@ -203,31 +240,43 @@ def score_batch(
     """
     fea.require_x64()
     cache = _cache_for(cache, optimum, num_devices)
-    prepared = [_prepare(item) for item in items]
+    samples: list[_Sample] = []
+    positions: dict = {}
+    prepared = [_prepare(item, samples, positions) for item in items]
     results = [StructuralMetrics() for _ in items]
     by_shape: dict[tuple, list[int]] = {}
     for i, p in enumerate(prepared):
         if p is not None:
-            by_shape.setdefault(p.case.shape, []).append(i)
+            by_shape.setdefault(samples[p.sample].case.shape, []).append(i)
 
     for idx in by_shape.values():
-        cases = [prepared[i].case for i in idx]
+        # The group's distinct samples: each answer is analysed, and each
+        # optimum looked up, once however many completions share the sample.
+        local: dict[int, int] = {}
+        for i in idx:
+            local.setdefault(prepared[i].sample, len(local))
+        distinct = [samples[s] for s in local]
+        owner = np.array([local[prepared[i].sample] for i in idx])
+        cases = [s.case for s in distinct]
         stacked = stack_load_cases(cases)
-        # Completions and dataset answers in one batched call.
         n = len(idx)
+        # Completions and dataset answers in one batched call.
         both = analyze_batch(
-            jax.tree.map(lambda a: np.concatenate([a, a]), stacked),
-            np.stack([prepared[i].out_rho for i in idx] + [prepared[i].gt_rho for i in idx]),
+            jax.tree.map(lambda a, owner=owner: np.concatenate([a[owner], a]), stacked),
+            np.stack([prepared[i].out_rho for i in idx] + [s.gt_rho for s in distinct]),
             num_devices)
         out = jax.tree.map(lambda a, n=n: a[:n], both)
-        gt = jax.tree.map(lambda a, n=n: a[n:], both)
+        gt = jax.tree.map(lambda a, n=n, owner=owner: a[n:][owner], both)
         if progress is not None:
             progress("analysis", len(idx), len(idx))
-        optima = cache.get_many(cases, [prepared[i].gt_rho for i in idx], progress=progress)
+        optima = cache.get_many(cases, [s.gt_rho for s in distinct], progress=progress)
+        optima = jax.tree.map(lambda a, owner=owner: np.asarray(a)[owner], optima)
         own = None
         if include_own_budget_reference:
-            own_cases = [with_budget(c, v) for c, v in zip(cases, out.volume_fraction, strict=True)]
-            own = cache.get_many(own_cases, [prepared[i].gt_rho for i in idx], progress=progress)
+            own_cases = [with_budget(cases[k], v)
+                         for k, v in zip(owner, out.volume_fraction, strict=True)]
+            own = cache.get_many(own_cases, [distinct[k].gt_rho for k in owner],
+                                 progress=progress)
         for j, i in enumerate(idx):
             m = results[i]
             p = prepared[i]

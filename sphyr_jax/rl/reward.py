@@ -1,0 +1,442 @@
+"""Completions scored as rewards: TRL's reward-function signature, one batched call.
+
+:func:`topology_reward` takes what a GRPO trainer passes a reward function
+(``prompts``, ``completions`` and the dataset's columns, one entry per
+completion) and returns one float per completion: its topology score, or 0
+for a completion that is not a complete grid.  All completions of a call are
+scored together (:func:`sphyr_jax.scoring.metrics.score_batch`): each
+distinct sample is read and its answer analysed once, each optimum is looked
+up once in an :class:`~sphyr_jax.topopt.optimum.OptimumCache` that lives as
+long as the reward function (memory, optionally a folder), and every
+completion costs one batched finite-element solve.
+
+:func:`score_completions` is the one scoring path of this package (the
+reward function, the environment and the feedback experiment all use it): it
+checks each completion's grid, scores the valid ones physically, and returns
+every metric an episode reports (:func:`_metrics_for` assembles them).
+:func:`prompt_dataset` builds the training set: a ``datasets.Dataset`` whose
+``prompt`` column holds the benchmark's prompts and whose other columns are
+what the reward function reads.
+
+float64 is required: call ``sphyr_jax.enable_x64()`` at program start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from sphyr_jax.data.datasets import list_subjects, load_subject
+from sphyr_jax.errors import UserInputError
+from sphyr_jax.evaluation.prompts import DEFAULT_SEED, PromptSpec
+from sphyr_jax.problem.grids import (
+    LOAD,
+    STRUCTURAL,
+    SUPPORT,
+    InvalidProblemError,
+    as_grid,
+    check_rectangular,
+    extract_grid,
+    grid_ndim,
+    parse_number,
+)
+from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY, DEFAULT_GRAVITY_3D
+from sphyr_jax.rl.samples import build_samples
+from sphyr_jax.scoring.metrics import ScoreItem, StructuralMetrics, score_batch
+from sphyr_jax.topopt.optimum import OptimumCache
+
+MAX_COMPLETION_CHARS = 100_000
+"""Longer completions are read from their last this many characters (the
+last grid in a completion is its answer; a 20 x 20 answer is ~1,600)."""
+
+REWARD_METRIC = "topology_score"
+
+
+# ----------------------------------------------------------------------------
+# Completions as text.
+
+
+def _content(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):  # multimodal parts: keep the text ones
+        parts = [p if isinstance(p, str) else p.get("text") for p in content
+                 if isinstance(p, str) or (isinstance(p, dict) and p.get("type", "text") == "text")]
+        return "\n".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def completion_text(completion) -> str:
+    """The text of a completion given as a string or as chat messages.
+
+    Chat completions (``[{"role": "assistant", "content": ...}]``) give the
+    last assistant message's content (text parts joined).  Anything else
+    gives ``""``.  Text longer than :data:`MAX_COMPLETION_CHARS` is cut to
+    its tail.
+    """
+    if isinstance(completion, str):
+        text = completion
+    elif isinstance(completion, dict):
+        text = _content(completion.get("content"))
+    elif (isinstance(completion, (list, tuple)) and completion
+          and all(isinstance(m, dict) for m in completion)):
+        replies = [m for m in completion if m.get("role", "assistant") == "assistant"]
+        text = _content((replies or list(completion))[-1].get("content"))
+    else:
+        text = ""
+    return text[-MAX_COMPLETION_CHARS:]
+
+
+# ----------------------------------------------------------------------------
+# Checking and scoring.
+
+
+def _ndim(item: ScoreItem) -> int:
+    if item.gravity_dir is not None and np.size(item.gravity_dir) == 3:
+        return 3
+    return grid_ndim(item.ground_truth)
+
+
+def _tokens(grid) -> list:
+    """Every token of a 2D or 3D token grid, flat."""
+    if grid and isinstance(grid[0], (list, tuple)) and grid[0] and isinstance(
+            grid[0][0], (list, tuple)):
+        return [t for layer in grid for row in layer for t in row]
+    return [t for row in grid for t in row]
+
+
+def _shape(grid) -> tuple | None:
+    """The shape of a rectangular 2D or 3D token grid, None if ragged."""
+    try:
+        if grid_ndim(grid) == 3:
+            shapes = {check_rectangular(layer) for layer in grid}
+            return (len(grid), *shapes.pop()) if len(shapes) == 1 else None
+        return check_rectangular(grid)
+    except (InvalidProblemError, TypeError):
+        return None
+
+
+def valid_grid(grid, shape: tuple) -> bool:
+    """Whether an extracted grid is a complete answer of the given shape.
+
+    Every cell must be ``L``, ``S`` or a number in [0, 1] (ASCII decimal, no
+    ``nan``/``inf``); a ``V`` left in place, a word or a wrong shape makes the
+    grid invalid.
+    """
+    if grid is None or _shape(grid) != tuple(shape):
+        return False
+    for token in _tokens(grid):
+        if token in STRUCTURAL:
+            continue
+        value = parse_number(token)
+        if value is None or not 0.0 <= value <= 1.0:
+            return False
+    return True
+
+
+def isolated_clusters(grid) -> int:
+    """Pieces of material connected to no load and no support.
+
+    Cells with a density above 0, and ``L``/``S`` cells, are material; cells
+    touching by an edge or a corner are connected.  Counts the connected
+    pieces holding no ``L`` or ``S`` cell.
+    """
+    cells = np.array(grid, dtype=object)
+    solid = np.zeros(cells.shape, bool)
+    anchor = np.zeros(cells.shape, bool)
+    for idx, token in np.ndenumerate(cells):
+        anchor[idx] = token in (LOAD, SUPPORT)
+        value = parse_number(token)
+        solid[idx] = anchor[idx] or (value is not None and value > 0.0)
+    offsets = [o for o in itertools.product((-1, 0, 1), repeat=cells.ndim) if any(o)]
+    seen = np.zeros(cells.shape, bool)
+    count = 0
+    for start in zip(*np.nonzero(solid), strict=True):
+        if seen[start]:
+            continue
+        seen[start] = True
+        stack, anchored = [start], False
+        while stack:
+            cell = stack.pop()
+            anchored = anchored or bool(anchor[cell])
+            for off in offsets:
+                nxt = tuple(c + o for c, o in zip(cell, off, strict=True))
+                if all(0 <= c < n for c, n in zip(nxt, cells.shape, strict=True)) and (
+                        solid[nxt] and not seen[nxt]):
+                    seen[nxt] = True
+                    stack.append(nxt)
+        count += not anchored
+    return count
+
+
+def _metrics_for(grid, valid: bool, structural: StructuralMetrics, details: bool) -> dict:
+    """Every metric of one completion (JSON-ready: non-finite numbers are None).
+
+    The one place the reported metric set is assembled: the grid check
+    (``valid_output_grid``), the static metrics (``details``: so far the
+    isolated clusters) and the structural metrics.
+    """
+    metrics = {"valid_output_grid": bool(valid)}
+    if details:
+        metrics["isolated_clusters_count"] = isolated_clusters(grid) if valid else 0
+    metrics.update(structural.as_dict())
+    return metrics
+
+
+def reward_of(metrics: dict) -> float:
+    """The reward of a scored completion: its topology score, 0 unless its grid is valid."""
+    if not metrics.get("valid_output_grid"):
+        return 0.0
+    value = metrics.get(REWARD_METRIC)
+    return float(value) if value is not None and math.isfinite(value) else 0.0
+
+
+def score_completions(items: Sequence[ScoreItem], cache: OptimumCache | None = None,
+                      details: bool = True, num_devices: int | None = None) -> list[dict]:
+    """Every metric of many completions, in one batched call; never raises for a completion.
+
+    A completion (text or chat messages, see :func:`completion_text`) whose
+    last grid is not a complete answer of the sample's shape
+    (:func:`valid_grid`) gets ``valid_output_grid`` false and the default
+    structural metrics (scores 0) without being simulated; the others are
+    scored by :func:`~sphyr_jax.scoring.metrics.score_batch`.
+
+    Args:
+        items: the completions with their answers, masked inputs and load
+            directions (a 3-vector direction or an answer given as layers
+            makes a voxel sample).
+        cache: the optimum cache (None: a fresh in-memory one).
+        details: also compute the static metrics (the reward needs none).
+        num_devices: devices batches are split over.
+
+    Returns:
+        One metrics dict per item, in order.
+    """
+    answers: dict = {}
+    valid = [False] * len(items)
+    grids: list = [None] * len(items)
+    scored: list[ScoreItem] = []
+    where: list[int] = []
+    for i, item in enumerate(items):
+        ndim = _ndim(item)
+        answer = _answer(item.ground_truth, ndim, answers)
+        if answer is None:
+            continue
+        grids[i] = extract_grid(completion_text(item.completion), ndim=ndim)
+        if valid_grid(grids[i], _shape(answer)):
+            valid[i] = True
+            gravity = item.gravity_dir
+            if gravity is None:
+                gravity = DEFAULT_GRAVITY_3D if ndim == 3 else DEFAULT_GRAVITY
+            scored.append(ScoreItem(grids[i], answer, item.input_grid, tuple(gravity)))
+            where.append(i)
+    structural = [StructuralMetrics() for _ in items]
+    if scored:
+        for i, m in zip(where, score_batch(scored, cache, num_devices=num_devices), strict=True):
+            structural[i] = m
+    return [_metrics_for(grids[i], valid[i], structural[i], details) for i in range(len(items))]
+
+
+def _answer(ground_truth, ndim: int, memo: dict):
+    """The answer as token rows (None if unreadable), read once per distinct answer."""
+    key = (ground_truth, ndim) if isinstance(ground_truth, str) else None
+    if key is not None and key in memo:
+        return memo[key]
+    try:
+        grid = as_grid(ground_truth, ndim)
+        answer = grid if _shape(grid) is not None else None
+    except (InvalidProblemError, TypeError, ValueError):
+        answer = None
+    if key is not None:
+        memo[key] = answer
+    return answer
+
+
+# ----------------------------------------------------------------------------
+# The reward function.
+
+
+def _column(name: str, values, n: int) -> list:
+    if values is None:
+        return [None] * n
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != n:
+        raise ValueError(f"column {name!r} must hold one entry per completion ({n}), "
+                         f"got {type(values).__name__}"
+                         + (f" of length {len(values)}" if isinstance(values, Sequence) else ""))
+    return list(values)
+
+
+def _gravity(value, row: int):
+    if value is None:
+        return None
+    try:
+        direction = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        direction = ()
+    if len(direction) not in (2, 3) or not all(map(math.isfinite, direction)) or not any(
+            direction):
+        raise ValueError(f"gravity_dir of completion {row} must be a non-zero (row, col) or "
+                         f"(layer, row, col) step, got {value!r}")
+    return direction
+
+
+class TopologyReward:
+    """A reward function with its own optimum cache (see :func:`topology_reward`).
+
+    Args:
+        cache: an optimum cache to use (wins over the other arguments).
+        cache_dir: folder that keeps optima between runs (None: memory only).
+        optimum: the yardstick, ``"reference"`` (the published one) or ``"strong"``.
+        num_devices: devices batches are split over (None: all local).
+
+    Example::
+
+        reward = TopologyReward(cache_dir="runs/optima")
+        trainer = GRPOTrainer(model=..., reward_funcs=reward, train_dataset=prompt_dataset(...))
+    """
+
+    def __init__(self, cache: OptimumCache | None = None, cache_dir=None,
+                 optimum: str = "reference", num_devices: int | None = None):
+        self.cache = cache if cache is not None else OptimumCache(
+            cache_dir, optimum=optimum, num_devices=num_devices)
+        self.num_devices = num_devices
+        self.__name__ = "topology_reward"  # trainers log a reward under its function's name
+
+    def items(self, prompts=None, completions=None, input_grid=None, ground_truth=None,
+              gravity_dir=None, subject=None) -> list[ScoreItem]:
+        """The scoring items of a trainer's call (columns checked; see :meth:`__call__`)."""
+        if completions is None:
+            raise ValueError("topology_reward needs completions")
+        n = len(completions)
+        answers = _column("ground_truth", ground_truth, n)
+        if any(a is None for a in answers):
+            raise ValueError("topology_reward needs a ground_truth column (the dataset answers)")
+        inputs = _column("input_grid", input_grid, n)
+        prompts = _column("prompts", prompts, n)
+        directions = [_gravity(g, i) for i, g in enumerate(_column("gravity_dir", gravity_dir, n))]
+        subjects = _column("subject", subject, n)
+        items = []
+        for i in range(n):
+            masked = inputs[i] if inputs[i] is not None else (
+                completion_text(prompts[i]) or None if prompts[i] is not None else None)
+            direction = directions[i]
+            if direction is None and isinstance(subjects[i], str) and subjects[i].endswith("_3d"):
+                direction = DEFAULT_GRAVITY_3D
+            items.append(ScoreItem(completions[i], answers[i], masked, direction))
+        return items
+
+    def metrics(self, prompts=None, completions=None, input_grid=None, ground_truth=None,
+                gravity_dir=None, subject=None, **kwargs) -> list[dict]:
+        """Every metric of each completion (same arguments as :meth:`__call__`)."""
+        items = self.items(prompts, completions, input_grid, ground_truth, gravity_dir, subject)
+        return score_completions(items, self.cache, details=True, num_devices=self.num_devices)
+
+    def __call__(self, prompts=None, completions=None, input_grid=None, ground_truth=None,
+                 gravity_dir=None, subject=None, **kwargs) -> list[float]:
+        """One reward per completion: its topology score, 0 for an invalid grid.
+
+        Args:
+            prompts: the prompts (text or chat messages); an ``input_grid``
+                missing from the columns is read from them.
+            completions: text, or chat messages
+                (``[{"role": "assistant", "content": ...}]``).
+            input_grid: the masked grids (text or token lists), one per completion.
+            ground_truth: the dataset answers (text or token lists).
+            gravity_dir: optional (row, col) load directions (default down).
+            subject: optional subject names (``*_3d`` reads text grids as voxels).
+            **kwargs: whatever else the trainer passes (other columns,
+                ``completion_ids``, ``trainer_state``...), ignored.
+
+        Returns:
+            One float per completion, in order.
+
+        Raises:
+            ValueError: a column is missing or does not hold one entry per
+                completion (a bad completion never raises: it scores 0).
+        """
+        items = self.items(prompts, completions, input_grid, ground_truth, gravity_dir, subject)
+        metrics = score_completions(items, self.cache, details=False,
+                                    num_devices=self.num_devices)
+        return [reward_of(m) for m in metrics]
+
+
+_SHARED: TopologyReward | None = None
+
+
+def topology_reward(prompts=None, completions=None, **columns) -> list[float]:
+    """TRL's reward function: each completion's topology score (0 for an invalid grid).
+
+    Called by a trainer as ``topology_reward(prompts=..., completions=...,
+    input_grid=[...], ground_truth=[...], gravity_dir=[...], subject=[...],
+    ...)`` with one entry per completion; optima are computed once per distinct
+    sample and kept in memory for the life of the process.  For a cache on
+    disk or another yardstick use a :class:`TopologyReward` instance.
+    See :meth:`TopologyReward.__call__`.
+    """
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = TopologyReward()
+    return _SHARED(prompts, completions, **columns)
+
+
+# ----------------------------------------------------------------------------
+# The training set.
+
+
+def prompt_dataset(dataset_dir, subjects: Sequence[str] | None = None,
+                   rotations: Sequence[int] = (0,), style: str = "default",
+                   template: str | None = None, few_shot: int = 0,
+                   sample_count: int | None = None, seed: int = DEFAULT_SEED,
+                   conversational: bool = False):
+    """A ``datasets.Dataset`` of prompts with the columns :func:`topology_reward` reads.
+
+    Args:
+        dataset_dir: a dataset folder, subject file or hub name
+            (:func:`sphyr_jax.data.datasets.load_subject`).
+        subjects: subject names (default: the 16 of the benchmark).
+        rotations: clockwise quarter turns; every subject appears once per turn.
+        style: prompt style (:data:`sphyr_jax.evaluation.prompts.STYLES`).
+        template: a prompt template with a ``{GRID}`` placeholder (wins over ``style``).
+        few_shot: solved examples of the same subject in each prompt.
+        sample_count: first N samples of each subject in the published order (None: all).
+        seed: the order's shuffle seed (published: 42).
+        conversational: ``prompt`` as chat messages (``[{"role": "user", ...}]``).
+
+    Returns:
+        A dataset with columns ``prompt``, ``input_grid`` and ``ground_truth``
+        (text), ``gravity_dir`` ([row, col]), ``subject``, ``rotation_count``,
+        ``sample_index`` (position in the published order) and ``index``
+        (the dataset record's).
+
+    Raises:
+        UserInputError: an unknown subject, style or rotation, or a missing dataset.
+    """
+    import datasets
+
+    names = list(subjects) if subjects is not None else list_subjects()
+    known = set(list_subjects())
+    for name in names:
+        if name not in known:
+            raise UserInputError(f"unknown subject {name!r}; subjects: {sorted(known)}")
+    rows = []
+    for name in names:
+        records = load_subject(dataset_dir, name)
+        for turns in rotations:
+            spec = PromptSpec(style=style, template=template, rotations=int(turns),
+                              few_shot=few_shot)
+            for s in build_samples(records, name, spec, sample_count, seed):
+                rows.append({
+                    "prompt": [{"role": "user", "content": s.prompt}] if conversational
+                    else s.prompt,
+                    "input_grid": s.input_grid,
+                    "ground_truth": s.ground_truth,
+                    "gravity_dir": [float(v) for v in s.gravity_dir],
+                    "subject": s.subject,
+                    "rotation_count": s.rotation_count,
+                    "sample_index": s.index,
+                    "index": s.record_index,
+                })
+    return datasets.Dataset.from_list(rows)
