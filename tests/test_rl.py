@@ -1,15 +1,15 @@
 """The reward function, the episode logic, the verdict and the feedback experiment (no server)."""
 
 import json
-import random
 
 import numpy as np
 import pytest
-from conftest import REPO
+from rl_support import DATA, fill, published_order, warm_optima
 
 from sphyr_jax.data.datasets import load_subject
 from sphyr_jax.evaluation.prompts import build_prompt
 from sphyr_jax.problem.grids import as_grid, grid_to_text
+from sphyr_jax.problem.loadcase import load_case_from_grid
 from sphyr_jax.rl import (
     EpisodeError,
     SampleLibrary,
@@ -24,24 +24,19 @@ from sphyr_jax.rl import (
 )
 from sphyr_jax.rl.reward import MAX_COMPLETION_CHARS, isolated_clusters, valid_grid
 from sphyr_jax.scoring.metrics import METRIC_FIELDS, get_structural_metrics
+from sphyr_jax.topopt.optimum import OptimumCache
 
-DATA = REPO / "data" / "dataset"
 RTOL = 1e-12
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _optima(optimum_cache):
+    """Every optimum these tests need, computed in one batch."""
+    warm_optima(optimum_cache)
 
 
 def _records(subject):
     return load_subject(DATA, subject)
-
-
-def _published_order(records, seed=42):
-    shuffled = list(records)
-    random.Random(seed).shuffle(shuffled)
-    return shuffled
-
-
-def _fill(input_text, value):
-    return "\n".join(" ".join(value if t == "V" else t for t in row.split())
-                     for row in input_text.splitlines())
 
 
 def _expected(answer, row, cache):
@@ -68,8 +63,8 @@ def _group(row):
     hard = row["subject"].endswith("_hard")
     return [
         f"Here is the completed grid:\n```\n{gt}\n```\nDone.",  # the answer in prose
-        _fill(inp, "0.0" if hard else "0"),  # the masked cells left empty
-        _fill(inp, "1.0" if hard else "1"),  # the masked cells filled solid
+        fill(inp, "0.0" if hard else "0"),  # the masked cells left empty
+        fill(inp, "1.0" if hard else "1"),  # the masked cells filled solid
         inp,  # 'V' left in place: invalid
         "\n".join(gt.splitlines()[:-1]),  # a row short: invalid
         "I cannot solve this.",  # no grid: invalid
@@ -111,17 +106,21 @@ def test_reward_as_trl_calls_it_equals_get_structural_metrics(rows, optimum_cach
     assert module_level == got[:6]
 
 
-def test_reward_computes_each_optimum_once_and_keeps_it(rows, tmp_path):
+def test_reward_looks_each_optimum_up_once_and_keeps_it(rows, optimum_cache, tmp_path):
+    # A folder holding the optima of the 6 samples (from the session's cache).
+    disk = OptimumCache(tmp_path)
+    for row in rows:
+        case = load_case_from_grid(row["ground_truth"], row["input_grid"], row["gravity_dir"])
+        disk.put(case, case.pinned, optimum_cache.get(case, case.pinned))
     reward = TopologyReward(cache_dir=tmp_path)
     first, _ = _trl_call(reward, rows, _group)  # 36 completions of 6 distinct samples
-    assert reward.cache.computed == 6 and len(list(tmp_path.glob("*.json"))) == 6
+    assert (reward.cache.hits, reward.cache.misses, reward.cache.computed) == (6, 0, 0)
     assert _trl_call(reward, rows, _group)[0] == first
-    assert reward.cache.computed == 6  # kept in memory across calls
-    # A new reward function on the same folder reads the optima from disk.
+    assert (reward.cache.hits, reward.cache.misses) == (12, 0)  # kept across calls
+    assert first == _trl_call(TopologyReward(cache=optimum_cache), rows, _group)[0]
+    # A new reward function on the same folder reads them from disk again.
     again = TopologyReward(cache_dir=tmp_path)
-    assert _trl_call(again, rows, _group)[0] == first
-    assert again.cache.computed == 0 and again.cache.misses == 0
-    assert again.cache.hits == len(rows)  # one lookup per distinct sample of the call
+    assert _trl_call(again, rows, _group)[0] == first and again.cache.computed == 0
 
 
 HOSTILE = [
@@ -187,13 +186,12 @@ def test_valid_grid_and_isolated_clusters_by_hand():
 
 
 def test_prompt_dataset_order_turns_and_chat():
-    records = _records("full_easy")
     ds = prompt_dataset(DATA, ["full_easy"], rotations=(0, 1), sample_count=3,
                         conversational=True)
     assert len(ds) == 6 and ds.column_names == [
         "prompt", "input_grid", "ground_truth", "gravity_dir", "subject", "rotation_count",
         "sample_index", "index"]
-    order = _published_order(records)[:3]
+    order = published_order("full_easy")[:3]
     for i, rec in enumerate(order):
         row = ds[i]
         assert row["index"] == rec["index"] and row["sample_index"] == i
@@ -244,7 +242,7 @@ def test_verdict_in_plain_words():
 def test_revision_prompt_shows_grid_previous_answer_and_verdict_not_the_answer():
     sample = build_samples(_records("1_random_row_hard"), "1_random_row_hard", sample_count=1)[0]
     metrics = {"valid_output_grid": True, "load_carrying": False, "volume_ratio": 0.5}
-    previous = _fill(sample.input_grid, "0.0")
+    previous = fill(sample.input_grid, "0.0")
     text = revision_prompt(sample, previous, metrics)
     assert sample.input_grid in text and previous in text
     assert verdict(metrics, sample.shape) in text
@@ -263,7 +261,7 @@ def test_episode_with_a_revision_round(optimum_cache):
     assert first["prompt"] == sample.prompt and first["sample_index"] == 2
     assert (first["rows"], first["cols"], first["masked_cells"]) == (10, 10, 10)
     assert first["cell_values"] == "binary" and not first["done"]
-    empty = _fill(sample.input_grid, "0")
+    empty = fill(sample.input_grid, "0")
     obs = env.step(f"My answer:\n```text\n{empty}\n```")
     assert not obs["done"] and obs["ground_truth"] is None and obs["grid"] == sample.input_grid
     assert obs["reward"] == 0.0 and obs["valid_grid"] and not obs["metrics"]["load_carrying"]
@@ -294,7 +292,7 @@ def _turned(grid):
 
 
 def test_replay_a_stored_run(tmp_path, optimum_cache):
-    records = _records("1_random_cell_easy")[:2]
+    records = published_order("1_random_cell_easy")[:2]
     folder = tmp_path / "some-model_1_rotations"
     folder.mkdir()
     stored = [{"prompt": f"Fill the grid.\n\n{_turned(r['input_grid'])}\n\nOnly the grid.",
@@ -330,7 +328,7 @@ def _fixer(samples, fail_on=None):
             raise TimeoutError("the model did not answer")
         if prompt.startswith("You are revising"):
             return answers[grid]
-        return "```\n" + _fill(grid, "0") + "\n```"
+        return "```\n" + fill(grid, "0") + "\n```"
 
     async def async_model(prompt):
         return model(prompt)

@@ -1,37 +1,27 @@
 """The OpenEnv server, driven over WebSocket by openenv-core's own client on a free local port."""
 
 import asyncio
-import random
 
 import pytest
-from conftest import REPO
+from rl_support import DATA, fill, published_order, warm_optima
 
 pytest.importorskip("openenv.core", reason="the [env] extra (openenv-core) is not installed")
 
 import httpx  # noqa: E402
 from openenv.core import GenericEnvClient  # noqa: E402
 
-from sphyr_jax.data.datasets import load_subject  # noqa: E402
 from sphyr_jax.problem.grids import grid_to_text  # noqa: E402
-from sphyr_jax.rl import SampleLibrary, TaskConfig, score_completions  # noqa: E402
+from sphyr_jax.problem.loadcase import load_case_from_grid  # noqa: E402
 from sphyr_jax.rl.server import ServerThread, create_app  # noqa: E402
-from sphyr_jax.scoring.metrics import METRIC_FIELDS, ScoreItem, get_structural_metrics  # noqa: E402
+from sphyr_jax.scoring.metrics import METRIC_FIELDS, get_structural_metrics  # noqa: E402
 from sphyr_jax.topopt.optimum import OptimumCache  # noqa: E402
 
-DATA = REPO / "data" / "dataset"
 SUBJECT = "1_random_cell_easy"
 RTOL = 1e-12
 
 
-def _order(subject=SUBJECT, seed=42):
-    records = load_subject(DATA, subject)
-    random.Random(seed).shuffle(records)
-    return records
-
-
-def _fill(grid_text, value):
-    return "\n".join(" ".join(value if t == "V" else t for t in row.split())
-                     for row in grid_text.splitlines())
+def _order():
+    return published_order(SUBJECT)
 
 
 def _score(answer, record, cache):
@@ -42,9 +32,7 @@ def _score(answer, record, cache):
 @pytest.fixture(scope="module")
 def served(optimum_cache):
     """A server on a free port sharing the session's optima (the subject's, in one batch)."""
-    samples = SampleLibrary(DATA).samples(TaskConfig(subject=SUBJECT))
-    score_completions([ScoreItem(s.ground_truth, s.ground_truth, s.input_grid) for s in samples],
-                      optimum_cache)
+    warm_optima(optimum_cache)
     app = create_app(DATA, cache=optimum_cache, window_s=0.01, max_concurrent_envs=8)
     with ServerThread(app, lifetime_s=300) as server:
         yield server, app
@@ -63,7 +51,7 @@ def test_a_whole_subject_over_the_wire(served, optimum_cache):
             assert (obs["subject"], obs["rows"], obs["cols"], obs["cell_values"],
                     obs["rotation_count"]) == (SUBJECT, 10, 10, "binary", 0)
             assert obs["masked_cells"] == obs["grid"].split().count("V")
-            answer = [grid_to_text(record["ground_truth"]), _fill(obs["grid"], "0"),
+            answer = [grid_to_text(record["ground_truth"]), fill(obs["grid"], "0"),
                       "no idea"][i % 3]
             result = env.step({"grid": answer})
             out = result.observation
@@ -90,7 +78,7 @@ def test_eight_concurrent_sessions_are_scored_together(served, optimum_cache):
         try:
             starts = await asyncio.gather(*(c.reset(subject=SUBJECT, sample_index=k)
                                             for k, c in enumerate(clients)))
-            answers = [_fill(s.observation["grid"], "1" if k % 2 else "0")
+            answers = [fill(s.observation["grid"], "1" if k % 2 else "0")
                        for k, s in enumerate(starts)]
             calls = scorer.calls
             steps = await asyncio.gather(*(c.step({"grid": a})
@@ -146,7 +134,7 @@ def test_a_feedback_round_over_the_wire(served, optimum_cache):
     record = _order()[0]
     with GenericEnvClient(base_url=server.url).sync() as env:
         start = env.reset(subject=SUBJECT, sample_index=0, feedback_rounds=1)
-        empty = _fill(start.observation["grid"], "0")
+        empty = fill(start.observation["grid"], "0")
         first = env.step({"grid": empty})
         obs = first.observation
         assert not first.done and obs["ground_truth"] is None
@@ -162,12 +150,15 @@ def test_a_feedback_round_over_the_wire(served, optimum_cache):
             env.step({"grid": answer})
 
 
-def test_server_restart_between_sessions(tmp_path):
+def test_server_restart_between_sessions(tmp_path, optimum_cache):
     order = _order()
     answer = grid_to_text(order[0]["ground_truth"])
+    case = load_case_from_grid(answer, order[0]["input_grid"])
+    folder = tmp_path / "optima"  # optima on disk survive a restart
+    OptimumCache(folder).put(case, case.pinned, optimum_cache.get(case, case.pinned))
     rewards, caches, port = [], [], 0
     for _ in range(2):
-        cache = OptimumCache(tmp_path / "optima")  # optima survive the restart on disk
+        cache = OptimumCache(folder)
         with ServerThread(create_app(DATA, cache=cache), port=port, lifetime_s=120) as server:
             port = server.port  # the second server takes over the same port
             with GenericEnvClient(base_url=server.url).sync() as env:
@@ -178,8 +169,10 @@ def test_server_restart_between_sessions(tmp_path):
         caches.append(cache)
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{server.url}/health", timeout=5)
-    assert rewards[0] == rewards[1] > 0.99
-    assert (caches[0].computed, caches[1].computed) == (1, 0)
+    assert rewards[0] == rewards[1] == pytest.approx(
+        get_structural_metrics(answer, answer, order[0]["input_grid"],
+                               cache=optimum_cache).topology_score, rel=RTOL)
+    assert [(c.hits, c.computed) for c in caches] == [(1, 0), (1, 0)]
 
 
 def test_serve_command_builds_a_working_server(monkeypatch, optimum_cache):
