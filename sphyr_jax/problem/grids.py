@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -55,8 +56,26 @@ class GridReport:
         return getattr(self, key)
 
 
+_MEMO_CHARS = 32  # tokens up to this long are read once and remembered
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _text_value(token: str) -> float | None:
+    token = token.strip()
+    if not _NUMBER.fullmatch(token):
+        return None
+    return float(token)  # may overflow to inf; callers clip
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _is_cell_text(token: str) -> bool:
+    return token.strip() in (LOAD, SUPPORT, MASK) or _text_value(token) is not None
+
+
 def parse_number(token) -> float | None:
     """The value of a density token, or None if it is not an ASCII decimal number."""
+    if isinstance(token, str):  # the common case; short tokens are remembered
+        return _text_value(token) if len(token) <= _MEMO_CHARS else _text_value.__wrapped__(token)
     if isinstance(token, bool):
         return None
     if isinstance(token, (int, float, np.integer, np.floating)):
@@ -65,18 +84,14 @@ def parse_number(token) -> float | None:
         except OverflowError:  # a Python int beyond the float range
             return math.inf if token > 0 else -math.inf
         return None if math.isnan(value) else value
-    if not isinstance(token, str):
-        return None
-    token = token.strip()
-    if not _NUMBER.fullmatch(token):
-        return None
-    return float(token)  # may overflow to inf; callers clip
+    return None
 
 
 def is_cell_token(token) -> bool:
     """Whether a token is a well-formed cell: L, S, V or a number."""
-    if isinstance(token, str) and token.strip() in (LOAD, SUPPORT, MASK):
-        return True
+    if isinstance(token, str):
+        return _is_cell_text(token) if len(token) <= _MEMO_CHARS else (
+            _is_cell_text.__wrapped__(token))
     return parse_number(token) is not None
 
 

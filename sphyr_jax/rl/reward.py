@@ -23,6 +23,7 @@ float64 is required: call ``sphyr_jax.enable_x64()`` at program start.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -128,7 +129,7 @@ def valid_grid(grid, shape: tuple) -> bool:
     """
     if grid is None or _shape(grid) != tuple(shape):
         return False
-    for token in _tokens(grid):
+    for token in set(_tokens(grid)):  # a grid holds few distinct tokens
         if token in STRUCTURAL:
             continue
         value = parse_number(token)
@@ -215,29 +216,57 @@ def score_completions(items: Sequence[ScoreItem], cache: OptimumCache | None = N
     Returns:
         One metrics dict per item, in order.
     """
+    valid, grids, structural = _score(items, cache, num_devices)
+    return [_metrics_for(grids[i], valid[i], structural[i], details) for i in range(len(items))]
+
+
+def _score(items: Sequence[ScoreItem], cache, num_devices):
+    """(valid flags, extracted grids, structural metrics) of the items.
+
+    Identical answers to the same sample (common in a GRPO group) are
+    simulated once.
+    """
     answers: dict = {}
-    valid = [False] * len(items)
     grids: list = [None] * len(items)
+    where = [-1] * len(items)  # position of each valid item's answer in ``scored``
     scored: list[ScoreItem] = []
-    where: list[int] = []
+    first: dict = {}  # (sample, answer grid) -> position in ``scored``
     for i, item in enumerate(items):
         ndim = _ndim(item)
         answer = _answer(item.ground_truth, ndim, answers)
         if answer is None:
             continue
         grids[i] = extract_grid(completion_text(item.completion), ndim=ndim)
-        if valid_grid(grids[i], _shape(answer)):
-            valid[i] = True
-            gravity = item.gravity_dir
-            if gravity is None:
-                gravity = DEFAULT_GRAVITY_3D if ndim == 3 else DEFAULT_GRAVITY
-            scored.append(ScoreItem(grids[i], answer, item.input_grid, tuple(gravity)))
-            where.append(i)
-    structural = [StructuralMetrics() for _ in items]
-    if scored:
-        for i, m in zip(where, score_batch(scored, cache, num_devices=num_devices), strict=True):
-            structural[i] = m
-    return [_metrics_for(grids[i], valid[i], structural[i], details) for i in range(len(items))]
+        if not valid_grid(grids[i], _shape(answer)):
+            continue
+        gravity = item.gravity_dir
+        if gravity is None:
+            gravity = DEFAULT_GRAVITY_3D if ndim == 3 else DEFAULT_GRAVITY
+        try:
+            key = (_hashable(item.ground_truth), _hashable(item.input_grid), tuple(gravity),
+                   _hashable(grids[i]))
+        except TypeError:
+            key = object()  # unhashable inputs: no sharing
+        if key not in first:
+            first[key] = len(scored)
+            truth = item.ground_truth if isinstance(item.ground_truth, str) else answer
+            scored.append(ScoreItem(grids[i], truth, item.input_grid, tuple(gravity)))
+        where[i] = first[key]
+    results = score_batch(scored, cache, num_devices=num_devices) if scored else []
+    structural = [dataclasses.replace(results[w]) if w >= 0 else StructuralMetrics()
+                  for w in where]
+    return [w >= 0 for w in where], grids, structural
+
+
+def _hashable(value):
+    """A grid or direction (text, nested lists, numbers) as a hashable key."""
+    if isinstance(value, (list, tuple)):
+        if value and all(isinstance(row, list) and all(isinstance(t, str) for t in row)
+                         for row in value):
+            return tuple(map(tuple, value))  # token rows, the common case
+        return tuple(_hashable(v) for v in value)
+    hash(value)  # TypeError for anything else unhashable
+    return value
 
 
 def _answer(ground_truth, ndim: int, memo: dict):
@@ -358,9 +387,9 @@ class TopologyReward:
                 completion (a bad completion never raises: it scores 0).
         """
         items = self.items(prompts, completions, input_grid, ground_truth, gravity_dir, subject)
-        metrics = score_completions(items, self.cache, details=False,
-                                    num_devices=self.num_devices)
-        return [reward_of(m) for m in metrics]
+        valid, _, structural = _score(items, self.cache, self.num_devices)
+        return [reward_of({"valid_output_grid": ok, REWARD_METRIC: m.topology_score})
+                for ok, m in zip(valid, structural, strict=True)]
 
 
 _SHARED: TopologyReward | None = None
