@@ -17,9 +17,10 @@ Server: ``sphyr_jax.rl.server`` on a free 127.0.0.1 port in this process,
 driven by ``openenv``'s ``GenericEnvClient`` from a separate client process
 (an episode is a ``reset`` and a ``step``), optima of the served subject
 cached: episodes/s for 1 session and for 8 concurrent sessions, then a load
-test (``--load_episodes`` episodes over 8 sessions, one step in ten a garbage
-answer) that must lose no request, with the server's resident memory before
-and after.
+test (``--load_episodes`` episodes over 8 concurrent clients that open a new
+session every 25 episodes, one step in ten a garbage answer) that must lose
+no request, with the server's resident memory before, a quarter of the way
+through and after.
 
 Usage::
 
@@ -51,7 +52,8 @@ SERVED_SUBJECT = "10_random_cell_easy"
 # The client process (``--client``): sessions driven by openenv's own client.
 
 
-def _client(url: str, sessions: int, episodes: int, garbage_every: int) -> dict:
+def _client(url: str, sessions: int, episodes: int, garbage_every: int,
+            reconnect_every: int) -> dict:
     from openenv.core import GenericEnvClient
 
     lost: list[str] = []
@@ -59,19 +61,24 @@ def _client(url: str, sessions: int, episodes: int, garbage_every: int) -> dict:
 
     async def session(k: int) -> None:
         nonlocal done
-        async with GenericEnvClient(base_url=url, message_timeout_s=60) as env:
-            for i in range(episodes):
-                try:
-                    start = await env.reset(subject=SERVED_SUBJECT)
-                    grid = start.observation["grid"]
-                    answer = ("not a grid" if garbage_every and i % garbage_every == k % 2
-                              else grid.replace("V", "1" if (i + k) % 2 else "0"))
-                    result = await env.step({"grid": answer})
-                    if not result.done or result.observation.get("metrics") is None:
-                        lost.append(f"session {k} episode {i}: incomplete observation")
-                    done += 1
-                except Exception as exc:  # counted, not fatal: the benchmark reports it
-                    lost.append(f"session {k} episode {i}: {exc}")
+        env = None
+        for i in range(episodes):
+            if env is None or (reconnect_every and i % reconnect_every == 0):
+                if env is not None:
+                    await env.close()  # a new session: the server builds a new environment
+                env = GenericEnvClient(base_url=url, message_timeout_s=60)
+            try:
+                start = await env.reset(subject=SERVED_SUBJECT)
+                grid = start.observation["grid"]
+                answer = ("not a grid" if garbage_every and i % garbage_every == k % 2
+                          else grid.replace("V", "1" if (i + k) % 2 else "0"))
+                result = await env.step({"grid": answer})
+                if not result.done or result.observation.get("metrics") is None:
+                    lost.append(f"session {k} episode {i}: incomplete observation")
+                done += 1
+            except Exception as exc:  # counted, not fatal: the benchmark reports it
+                lost.append(f"session {k} episode {i}: {exc}")
+        await env.close()
 
     t0 = time.perf_counter()
     asyncio.run(_gather(session, sessions))
@@ -83,10 +90,11 @@ async def _gather(session, sessions: int) -> None:
     await asyncio.gather(*(session(k) for k in range(sessions)))
 
 
-def _drive(url: str, sessions: int, episodes: int, garbage_every: int = 0) -> dict:
+def _drive(url: str, sessions: int, episodes: int, garbage_every: int = 0,
+           reconnect_every: int = 0) -> dict:
     out = subprocess.run([sys.executable, __file__, "--client", url, str(sessions),
-                          str(episodes), str(garbage_every)], capture_output=True, text=True,
-                         timeout=1200, cwd=REPO)
+                          str(episodes), str(garbage_every), str(reconnect_every)],
+                         capture_output=True, text=True, timeout=1200, cwd=REPO)
     if out.returncode != 0:
         raise RuntimeError(f"client failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -223,13 +231,17 @@ def bench_server(dataset_dir, load_episodes: int) -> dict:
         calls, scored = scorer.calls, scorer.scored
         rss = [_rss_mb()]
         per_session = max(1, load_episodes // 8)
-        quarter = _drive(server.url, 8, max(1, per_session // 4), garbage_every=10)
+        quarter = _drive(server.url, 8, max(1, per_session // 4), garbage_every=10,
+                         reconnect_every=25)
         rss.append(_rss_mb())
-        rest = _drive(server.url, 8, per_session - max(1, per_session // 4), garbage_every=10)
+        rest = _drive(server.url, 8, per_session - max(1, per_session // 4), garbage_every=10,
+                      reconnect_every=25)
         rss.append(_rss_mb())
         episodes = quarter["episodes"] + rest["episodes"]
         out.update({
             "load_episodes": episodes, "load_requests": 2 * episodes,
+            "load_sessions": 8 * (-(-max(1, per_session // 4) // 25)
+                                  + -(-(per_session - max(1, per_session // 4)) // 25)),
             "load_lost": quarter["lost_count"] + rest["lost_count"],
             "load_lost_examples": quarter["lost"] + rest["lost"],
             "load_eps": episodes / (quarter["seconds"] + rest["seconds"]),
@@ -242,8 +254,9 @@ def bench_server(dataset_dir, load_episodes: int) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
-        url, sessions, episodes, garbage = sys.argv[2:6]
-        print(json.dumps(_client(url, int(sessions), int(episodes), int(garbage))))
+        url, sessions, episodes, garbage, reconnect = sys.argv[2:7]
+        print(json.dumps(_client(url, int(sessions), int(episodes), int(garbage),
+                                 int(reconnect))))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset_dir", default=str(REPO / "data" / "dataset"))
@@ -285,8 +298,9 @@ def main() -> None:
         print(f"\nserver ({SERVED_SUBJECT}, optima cached, client in another process):")
         print(f"  1 session: {s['one_session_eps']:.0f} episodes/s; "
               f"8 sessions: {s['eight_sessions_eps']:.0f} episodes/s")
-        print(f"  load test: {s['load_requests']} requests ({s['load_episodes']} episodes, "
-              f"{s['load_eps']:.0f}/s), lost {s['load_lost']}; scoring calls "
+        print(f"  load test: {s['load_requests']} requests ({s['load_episodes']} episodes in "
+              f"{s['load_sessions']} sessions, {s['load_eps']:.0f}/s), lost {s['load_lost']}; "
+              f"scoring calls "
               f"{s['load_scoring_calls']} (mean batch {s['load_mean_batch']:.1f}); server RSS "
               f"{s['rss_mb_before']:.0f} -> {s['rss_mb_quarter']:.0f} -> "
               f"{s['rss_mb_after']:.0f} MB")

@@ -308,6 +308,8 @@ def test_replay_a_stored_run(tmp_path, optimum_cache):
         stored[0]["ground_truth"], stored[0]["ground_truth"], stored[0]["prompt"], (0, -1),
         cache=optimum_cache).topology_score, rel=RTOL)
     assert env.reset()["prompt"] == stored[1]["prompt"]
+    back = env.reset(replay_from="")  # back to the dataset, from the start of its order
+    assert back["sample_index"] == 0 and back["grid"] == grid_to_text(records[0]["input_grid"])
     with pytest.raises(EpisodeError, match="no stored run"):
         env.reset(replay_from="missing-model")
     with pytest.raises(EpisodeError, match="results root"):

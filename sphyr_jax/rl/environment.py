@@ -266,7 +266,9 @@ class TopologyEnvironment:
                 raise EpisodeError(f"prompt_style must be one of {list(STYLES)} or a template "
                                    f"with a {{GRID}} placeholder, got {prompt_style!r}")
             changes["prompt_style"] = prompt_style
-        if replay_from is not None:
+        if replay_from == "":
+            changes["replay_from"] = None  # back to the dataset
+        elif replay_from is not None:
             if not isinstance(replay_from, str) or not _NAME.fullmatch(replay_from) or (
                     ".." in replay_from):
                 raise EpisodeError(f"replay_from must name a stored run (a folder name), "
@@ -297,7 +299,7 @@ class TopologyEnvironment:
                 or a template with a ``{GRID}`` placeholder.
             feedback_rounds: revisions after the first answer (0: one step).
             replay_from: a stored run (a folder under the results root) whose
-                samples to serve, in its order.
+                samples to serve, in its order (``""``: back to the dataset).
             seed: the shuffle's seed (default 42, the published order).
             episode_id: an identifier for the episode (default: a new UUID).
 

@@ -291,10 +291,11 @@ def _answer(ground_truth, ndim: int, memo: dict):
 def _column(name: str, values, n: int) -> list:
     if values is None:
         return [None] * n
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != n:
+    sized = hasattr(values, "__len__") and not isinstance(values, (str, bytes, dict))
+    if not sized or len(values) != n:
         raise ValueError(f"column {name!r} must hold one entry per completion ({n}), "
                          f"got {type(values).__name__}"
-                         + (f" of length {len(values)}" if isinstance(values, Sequence) else ""))
+                         + (f" of length {len(values)}" if sized else ""))
     return list(values)
 
 
@@ -349,8 +350,9 @@ class TopologyReward:
         subjects = _column("subject", subject, n)
         items = []
         for i in range(n):
-            masked = inputs[i] if inputs[i] is not None else (
-                completion_text(prompts[i]) or None if prompts[i] is not None else None)
+            masked = inputs[i]
+            if masked is None and prompts[i] is not None:  # the prompt shows the masked grid
+                masked = completion_text(prompts[i]) or None
             direction = directions[i]
             if direction is None and isinstance(subjects[i], str) and subjects[i].endswith("_3d"):
                 direction = DEFAULT_GRAVITY_3D

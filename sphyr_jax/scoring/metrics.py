@@ -8,8 +8,10 @@ optimum of the masked region at the dataset answer's material budget
 implementation; see :class:`StructuralMetrics`.
 
 :func:`score_batch` scores many completions at once: analyses are batched per
-grid shape, and reference optima are deduplicated per sample and computed in
-one batch (or read from an :class:`~sphyr_jax.topopt.optimum.OptimumCache`).
+grid shape; each distinct sample (answer, mask, direction) is read, its answer
+analysed and its optimum looked up once per call however many completions
+share it, and missing optima are computed in one batch (or read from an
+:class:`~sphyr_jax.topopt.optimum.OptimumCache`).
 
 The yardstick (``optimum=``): ``"reference"`` (default) reproduces the
 published figures; ``"strong"`` searches harder and is stricter (on the 100
