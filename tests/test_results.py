@@ -96,7 +96,7 @@ def test_rescore_restores_reference_metrics(rescored):
         assert rec["unparsable_cells"] == old["unparsable_cells"]
         assert rec["physically_valid"] == old["physically_valid"]
     assert same >= 0.98 * 2 * len(stored)
-    assert summary.records == 116 and summary.files == 2 and not summary.corrupt
+    assert summary.records == 116 and summary.files == 2 and not summary.skipped
     assert summary.optimum == "reference"
 
 
@@ -174,7 +174,7 @@ def test_hostile_completions_and_corrupt_files(tmp_path, gpt4o_records, optimum_
 
     logged = []
     summary = rescore_tree(tmp_path, cache=optimum_cache, log=logged.append)
-    reported = {path for path, _ in summary.corrupt}
+    reported = {path for path, _ in summary.skipped}
     assert reported == {str(truncated), str(not_a_list), str(bad_agg)}
     assert len(logged) == 3
     for path, data in frozen.items():

@@ -38,7 +38,6 @@ from sphyr_jax.problem.loadcase import (
     LoadCase,
     load_case_from_grid,
     stack_load_cases,
-    unless_2d_default,
     with_budget,
 )
 from sphyr_jax.sharding import batch_call
@@ -80,6 +79,7 @@ class StructuralMetrics:
     max_displacement: float = 0.0
     unfilled_cells: int = 0
     unparsable_cells: int = 0
+    invalid_reason: str | None = None
 
     def as_dict(self) -> dict:
         """JSON-ready fields; non-finite numbers become None."""
@@ -100,7 +100,8 @@ class ScoreItem:
         input_grid: the masked input grid (text, tokens, or a prompt containing
             it); None: every non-L/S cell is a design cell.
         gravity_dir: load direction as a (row, col) step, or a (layer, row,
-            col) step for voxel samples (the 2D default means down there too).
+            col) step for voxel samples (the 2D default means down there too);
+            None means the default direction (down).
     """
 
     completion: object
@@ -147,24 +148,61 @@ def _fits(grid, shape) -> bool:
     return all(_fits(g, shape[1:]) for g in grid)
 
 
-def _item_ndim(item: ScoreItem) -> int:
-    """3 for voxel samples (a 3-vector load direction or a 3-deep answer), else 2."""
-    gravity = item.gravity_dir
-    if gravity is not None and np.size(gravity) == 3:
-        return 3
-    return grid_ndim(item.ground_truth)
+DEFAULT_MAX_CELLS = 16_384
+"""Cells per sample above which a record is reported invalid ("too large") instead
+of scored: 128x128 in 2D, about 25^3 in 3D.  The published sets are 10x10,
+20x20 and 10x10x10; pass ``max_cells`` to raise it knowingly."""
 
 
-def _prepare(item: ScoreItem) -> _Prepared | None:
-    ndim = _item_ndim(item)
+def _answer_ndim(ground_truth) -> int:
+    """3 for a voxel answer (token layers, or text with blank-line-separated layers), else 2."""
+    if isinstance(ground_truth, str):
+        layers = extract_grid(ground_truth, ndim=3)
+        return 3 if layers is not None and len(layers) > 1 else 2
+    return grid_ndim(ground_truth)
+
+
+def _gravity_for(gravity_dir, ndim: int):
+    """The record's direction checked against the grid's dimension, or a reason string.
+
+    A missing direction is the default (down); a direction with the wrong number
+    of components, or components that are not finite numbers, is never
+    reinterpreted: the record is invalid, with a reason.
+    """
+    if gravity_dir is None:
+        return None
     try:
-        case = load_case_from_grid(item.ground_truth, item.input_grid,
-                                   unless_2d_default(item.gravity_dir, ndim), ndim=ndim)
-    except (InvalidProblemError, TypeError, IndexError, ValueError):
-        return None
+        g = np.asarray(gravity_dir, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        return f"gravity_dir {gravity_dir!r} is not a list of numbers"
+    if g.size == 2 and ndim == 3 and tuple(g) == DEFAULT_GRAVITY:
+        return None  # the 2D default means down on voxels too
+    if g.size != ndim:
+        return (f"gravity_dir {gravity_dir!r} has {g.size} components but the grid is "
+                f"{ndim}D (expected {ndim})")
+    if not np.all(np.isfinite(g)) or not np.any(g):
+        return f"gravity_dir {gravity_dir!r} must be finite and non-zero"
+    return tuple(float(v) for v in g)
+
+
+def _prepare(item: ScoreItem, max_cells: int | None) -> _Prepared | str:
+    """The item's arrays, or the reason it cannot be scored."""
+    ndim = _answer_ndim(item.ground_truth)
+    gravity = _gravity_for(item.gravity_dir, ndim)
+    if isinstance(gravity, str):
+        return gravity
+    try:
+        case = load_case_from_grid(item.ground_truth, item.input_grid, gravity, ndim=ndim)
+    except (InvalidProblemError, TypeError, IndexError, ValueError) as exc:
+        return f"ground truth unusable: {exc}"
+    cells = int(np.prod(case.shape))
+    if max_cells is not None and cells > max_cells:
+        return f"too large: {cells} cells > max_cells={max_cells}"
     grid = extract_grid(item.completion, ndim=ndim)
-    if grid is None or not _fits(grid, case.shape):
-        return None
+    if grid is None:
+        return "no grid found in the completion"
+    if not _fits(grid, case.shape):
+        return f"completion does not have the answer's shape {'x'.join(map(str, case.shape))}"
     out_rho, report = densities_from_grid(grid, ndim=ndim)
     structural = np.asarray(case.load_mask | case.support_mask)
     out_rho[structural] = 1.0
@@ -180,6 +218,7 @@ def score_batch(
     num_devices: int | None = None,
     progress=None,
     optimum: str | None = None,
+    max_cells: int | None = DEFAULT_MAX_CELLS,
 ) -> list[StructuralMetrics]:
     """Score many completions; never raises for a bad completion.
 
@@ -194,20 +233,25 @@ def score_batch(
         optimum: the yardstick, ``"reference"`` (the published optimum, the
             default) or ``"strong"`` (a harder search: stricter scores); None:
             the cache's, else ``"reference"``.
+        max_cells: samples with more cells are invalid ("too large") rather
+            than optimised for minutes (None: no limit).
 
     Returns:
-        One :class:`StructuralMetrics` per item, in order.
+        One :class:`StructuralMetrics` per item, in order; an item that cannot
+        be scored is ``physically_valid`` false with ``invalid_reason`` set.
 
     Raises:
         ValueError: ``optimum`` is unknown or differs from the cache's.
     """
     fea.require_x64()
     cache = _cache_for(cache, optimum, num_devices)
-    prepared = [_prepare(item) for item in items]
+    prepared = [_prepare(item, max_cells) for item in items]
     results = [StructuralMetrics() for _ in items]
     by_shape: dict[tuple, list[int]] = {}
     for i, p in enumerate(prepared):
-        if p is not None:
+        if isinstance(p, str):
+            results[i].invalid_reason = p
+        else:
             by_shape.setdefault(p.case.shape, []).append(i)
 
     for idx in by_shape.values():
@@ -286,7 +330,7 @@ def get_structural_metrics(
         output_grid: the completion, as raw text or a token grid.
         gt_grid: the dataset answer; its L/S cells define the load case.
         input_grid: the masked input grid (its V cells are the design region).
-        gravity_dir: load direction (row, col).
+        gravity_dir: load direction (row, col); None: down.
         include_own_budget_reference: also compute ``design_efficiency``.
         cache: optional optimum cache shared between calls.
         optimum: ``"reference"`` (default: the published yardstick) or
@@ -296,5 +340,5 @@ def get_structural_metrics(
         :class:`StructuralMetrics`; a wrong-shaped or unreadable completion,
         or an unusable ground truth, gets the defaults.
     """
-    item = ScoreItem(output_grid, gt_grid, input_grid, tuple(gravity_dir))
+    item = ScoreItem(output_grid, gt_grid, input_grid, gravity_dir)
     return score_batch([item], cache, include_own_budget_reference, optimum=optimum)[0]
