@@ -196,23 +196,50 @@ def test_links_are_respected(tmp_path, optimum_cache):
     assert len(summary.skipped) == 2
 
 
-def test_results_and_aggregates_move_together(tmp_path, optimum_cache):
+def test_results_and_aggregates_move_together(tmp_path, optimum_cache, monkeypatch):
+    from sphyr_jax import io
+
     root = _tree(tmp_path / "tree", models=("m",))
+    results = root / "m" / "full_easy_results.json"
     agg = root / "m" / "full_easy_aggregated_results.json"
-    agg.mkdir()  # the aggregate cannot be written: neither is the results file
-    before = (root / "m" / "full_easy_results.json").read_bytes()
+    rescore_tree(root, cache=optimum_cache)
+    before = {p: p.read_bytes() for p in (results, agg)}
+    records = json.loads(results.read_text())
+    records[0]["completion"] = records[0]["ground_truth"]  # changes its figures
+    results.write_text(json.dumps(records, indent=2))
+    before[results] = results.read_bytes()
+    original = io._write_temp
+
+    def failing(path, writer, encoding):  # the aggregates' temporary file cannot be made
+        if str(path).endswith("_aggregated_results.json"):
+            raise OSError(28, "No space left on device")
+        return original(path, writer, encoding)
+
+    monkeypatch.setattr(io, "_write_temp", failing)
     summary = rescore_tree(root, cache=optimum_cache)
-    assert (root / "m" / "full_easy_results.json").read_bytes() == before
-    assert summary.files == 0 and summary.leaderboard == [] and summary.skipped
-    agg.rmdir()
+    assert {p: p.read_bytes() for p in before} == before  # the previous pair, both
+    assert summary.files == 0 and summary.leaderboard == []
+    assert "No space left" in summary.skipped[0][1]
+    monkeypatch.setattr(io, "_write_temp", original)
     summary = rescore_tree(root, cache=optimum_cache)
-    records = json.loads((root / "m" / "full_easy_results.json").read_text())
+    records = json.loads(results.read_text())
     totals = json.loads(agg.read_text())
     assert totals["evaluated_samples"] == len(records)
     assert totals["total_topology_score"] == pytest.approx(
         sum(r["topology_score"] for r in records), rel=1e-12)
     assert summary.leaderboard[0]["topology_score"] == pytest.approx(
         np.mean([r["topology_score"] for r in records]), rel=1e-12)
+
+
+def test_unreadable_aggregates_are_left_alone(tmp_path, optimum_cache):
+    root = _tree(tmp_path / "tree", models=("m",))
+    agg = root / "m" / "full_easy_aggregated_results.json"
+    agg.mkdir()
+    summary = rescore_tree(root, cache=optimum_cache)
+    assert agg.is_dir() and summary.files == 1
+    assert [pathlib.Path(p).name for p, _ in summary.skipped] == [agg.name]
+    assert all("topology_score" in r
+               for r in json.loads((root / "m" / "full_easy_results.json").read_text()))
 
 
 # --- edges of the library ----------------------------------------------------------------------

@@ -26,7 +26,7 @@ METRIC_FIELDS = (
     "structural_efficiency", "structural_efficiency_raw", "design_efficiency",
     "material_efficiency", "compliance_efficiency_vs_ground_truth", "volume_fraction",
     "ground_truth_volume_fraction", "volume_ratio", "max_displacement", "unfilled_cells",
-    "unparsable_cells",
+    "unparsable_cells", "invalid_reason",
 )
 
 # The published validate table (full_easy, 20 samples): probe -> (topo score,
@@ -176,7 +176,11 @@ def test_hostile_completions_and_corrupt_files(tmp_path, gpt4o_records, optimum_
     summary = rescore_tree(tmp_path, cache=optimum_cache, log=logged.append)
     reported = {path for path, _ in summary.skipped}
     assert reported == {str(truncated), str(not_a_list), str(bad_agg)}
-    assert len(logged) == 3
+    assert len([line for line in logged if line.startswith("skipped")]) == 3
+    # The record without a ground truth is named (file and index): its own field is unusable.
+    invalid = [line for line in logged if line.startswith("invalid record")]
+    assert invalid == [f"invalid record: {good} [{len(HOSTILE) + 1}]: ground truth unusable: "
+                       + summary.invalid[0][2].split(": ", 1)[1]]
     for path, data in frozen.items():
         assert path.read_bytes() == data  # byte-for-byte untouched
     out = _read(good)

@@ -338,7 +338,9 @@ def _write_pair(rf: ResultFile, records: list[dict], optimum: str, skip) -> list
 
     Both go through symbolic links to their targets and are replaced in one
     all-or-nothing step, so the aggregates always describe the records on
-    disk.  Returns the paths written; on any problem, calls ``skip(path,
+    disk.  An existing aggregates file that cannot be read is reported and
+    left untouched (only the results file is written).  Returns the paths
+    written; when the results file cannot be written, calls ``skip(path,
     reason)`` and returns [] with both files as they were.
     """
     target = rf.path.resolve()
@@ -348,26 +350,24 @@ def _write_pair(rf: ResultFile, records: list[dict], optimum: str, skip) -> list
         if not _writable(rf.path):
             skip(rf.path, "read-only; not rewritten")
             return []
-        existing = None
-        if agg_link.exists():
+        existing, problem = None, None
+        if agg_link.exists() or agg_link.is_symlink():
             try:
                 existing = read_json(agg_link)
-            except (CorruptFileError, IsADirectoryError) as exc:
-                skip(agg_link, f"aggregates unreadable ({exc.__class__.__name__}); the results "
-                               "file was not rewritten either")
-                return []
-            if not isinstance(existing, dict):
-                skip(agg_link, "aggregates are not a JSON object; the results file was not "
-                               "rewritten either")
-                return []
+                if not isinstance(existing, dict):
+                    problem = "aggregates are not a JSON object"
+            except (CorruptFileError, OSError) as exc:
+                problem = f"aggregates unreadable ({exc.__class__.__name__})"
+        if problem is not None:  # never overwrite a file we could not read
+            skip(agg_link, f"{problem}; not updated (the results file was)")
         # Fields we did not compute are written back as read (NaN included).
         texts = {
-            target: json.dumps(records, indent=2, allow_nan=True, ensure_ascii=False) + "\n",
-            agg_target: json.dumps(aggregate(records, existing, optimum), indent=2,
-                                   ensure_ascii=False) + "\n",
-        }
+            target: json.dumps(records, indent=2, allow_nan=True, ensure_ascii=False) + "\n"}
+        if problem is None:
+            texts[agg_target] = json.dumps(aggregate(records, existing, optimum), indent=2,
+                                           ensure_ascii=False) + "\n"
         atomic_write_files(texts)
     except (OSError, RuntimeError, ValueError, TypeError) as exc:
         skip(rf.path, f"not written ({exc.__class__.__name__}: {exc}); left as it was")
         return []
-    return [str(rf.path), str(agg_link)]
+    return [str(rf.path)] + ([str(agg_link)] if problem is None else [])
