@@ -41,6 +41,7 @@ from sphyr_jax.problem.loadcase import (
     unless_2d_default,
     with_budget,
 )
+from sphyr_jax.scoring.static import StaticMetrics, static_metrics_batch
 from sphyr_jax.sharding import batch_call
 from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
 
@@ -113,6 +114,17 @@ METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(StructuralMetrics))
 """Every field scoring adds to a record (``StructuralMetrics.as_dict``)."""
 
 
+@dataclasses.dataclass
+class CompletionMetrics(StructuralMetrics, StaticMetrics):
+    """Every published metric of one completion: the static (grid-only) fields
+    of :class:`~sphyr_jax.scoring.static.StaticMetrics` followed by the
+    physical ones of :class:`StructuralMetrics` (what ``static=True`` returns)."""
+
+
+ALL_METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionMetrics))
+"""Every field scoring with ``static=True`` adds to a record, static ones first."""
+
+
 def _clipped(reference: float, actual: float) -> float:
     if not math.isfinite(actual) or actual <= 0.0 or not math.isfinite(reference):
         return 0.0
@@ -180,6 +192,7 @@ def score_batch(
     num_devices: int | None = None,
     progress=None,
     optimum: str | None = None,
+    static: bool = False,
 ) -> list[StructuralMetrics]:
     """Score many completions; never raises for a bad completion.
 
@@ -194,9 +207,13 @@ def score_batch(
         optimum: the yardstick, ``"reference"`` (the published optimum, the
             default) or ``"strong"`` (a harder search: stricter scores); None:
             the cache's, else ``"reference"``.
+        static: also compute the twelve static (grid-only) metrics
+            (:mod:`sphyr_jax.scoring.static`), with the same input grid and
+            load direction as the physics.
 
     Returns:
-        One :class:`StructuralMetrics` per item, in order.
+        One :class:`StructuralMetrics` per item, in order; with
+        ``static=True`` a :class:`CompletionMetrics` (both sets of fields).
 
     Raises:
         ValueError: ``optimum`` is unknown or differs from the cache's.
@@ -204,7 +221,10 @@ def score_batch(
     fea.require_x64()
     cache = _cache_for(cache, optimum, num_devices)
     prepared = [_prepare(item) for item in items]
-    results = [StructuralMetrics() for _ in items]
+    if static:
+        results = [CompletionMetrics(**s.as_dict()) for s in static_of(items)]
+    else:
+        results = [StructuralMetrics() for _ in items]
     by_shape: dict[tuple, list[int]] = {}
     for i, p in enumerate(prepared):
         if p is not None:
@@ -262,6 +282,14 @@ def score_batch(
     return results
 
 
+def static_of(items: Sequence[ScoreItem]) -> list[StaticMetrics]:
+    """The static metrics of score items (their input grid and load direction)."""
+    gravities = [unless_2d_default(item.gravity_dir, _item_ndim(item)) for item in items]
+    return static_metrics_batch([item.input_grid for item in items],
+                                [item.completion for item in items],
+                                [item.ground_truth for item in items], gravities)
+
+
 def _cache_for(cache: OptimumCache | None, optimum, num_devices) -> OptimumCache:
     """The given cache (checked against ``optimum``) or a fresh one for it."""
     if cache is None:
@@ -279,6 +307,7 @@ def get_structural_metrics(
     include_own_budget_reference: bool = False,
     cache: OptimumCache | None = None,
     optimum: str | None = None,
+    static: bool = False,
 ) -> StructuralMetrics:
     """Score one completion (see :func:`score_batch`).
 
@@ -291,10 +320,13 @@ def get_structural_metrics(
         cache: optional optimum cache shared between calls.
         optimum: ``"reference"`` (default: the published yardstick) or
             ``"strong"`` (stricter); see :func:`score_batch`.
+        static: also compute the twelve static metrics.
 
     Returns:
-        :class:`StructuralMetrics`; a wrong-shaped or unreadable completion,
-        or an unusable ground truth, gets the defaults.
+        :class:`StructuralMetrics` (:class:`CompletionMetrics` with
+        ``static=True``); a wrong-shaped or unreadable completion, or an
+        unusable ground truth, gets the defaults.
     """
     item = ScoreItem(output_grid, gt_grid, input_grid, tuple(gravity_dir))
-    return score_batch([item], cache, include_own_budget_reference, optimum=optimum)[0]
+    return score_batch([item], cache, include_own_budget_reference, optimum=optimum,
+                       static=static)[0]
