@@ -801,3 +801,27 @@ def static_metrics(input_grid, output_grid, gt_grid, gravity_dir=DEFAULT_GRAVITY
         :class:`StaticMetrics`.
     """
     return static_metrics_batch([input_grid], [output_grid], [gt_grid], [gravity_dir])[0]
+
+
+def force_path_cost(grid, gravity_dir=DEFAULT_GRAVITY) -> float:
+    """$\\mathrm{cost}$ of one grid: the mean over its ``L`` cells of the cheapest
+    path to an ``S`` (see the module docstring; 0 without ``L`` or ``S``).
+
+    Args:
+        grid: text or token lists (layers of rows with a 3-vector direction).
+        gravity_dir: the load direction.
+
+    Raises:
+        ValueError: for a grid that is not rectangular or an unusable direction.
+    """
+    ndim = _ndim_of(gravity_dir, grid)
+    g = _unit_gravity(gravity_dir, ndim)
+    if g is None:
+        raise ValueError(f"unusable load direction {gravity_dir!r}")
+    table = _Tokens()
+    ids = table.encode(_rows(grid, ndim), ndim)
+    if ids is None:
+        raise ValueError("the grid is empty or not rectangular")
+    kind, _, solid, _ = table.arrays()
+    return float(_path_costs(solid[ids][None], (kind[ids] == _LOAD)[None],
+                             (kind[ids] == _SUPPORT)[None], _step_weights(g)[None])[0])
