@@ -422,3 +422,60 @@ def test_kill_during_rescore_loses_nothing(kill_at, tmp_path, gpt4o_records, opt
     rescore_tree(clean, cache=optimum_cache)
     for path in clean.rglob("*_results.json"):
         assert path.read_bytes() == (root / path.relative_to(clean)).read_bytes()
+
+
+# ----------------------------------------------------------------------------
+# score_records: the scoring step the evaluation harness calls.
+
+
+def _turned(record: dict) -> dict:
+    """The record turned by 180 degrees (grids as text), its load pointing up."""
+    from sphyr_jax.scoring.static import read_grid
+
+    def turn(text):
+        return "\n".join(" ".join(row[::-1]) for row in read_grid(text)[::-1])
+
+    return dict(record, prompt=turn(record["prompt"]), completion=turn(record["completion"]),
+                ground_truth=turn(record["ground_truth"]))
+
+
+def test_score_records_physics_and_static_share_the_direction(gpt4o_records, optimum_cache):
+    from sphyr_jax.scoring.metrics import (
+        METRIC_FIELDS as STRUCTURAL_FIELDS,
+    )
+    from sphyr_jax.scoring.metrics import (
+        CompletionMetrics,
+        StructuralMetrics,
+        get_structural_metrics,
+    )
+    from sphyr_jax.scoring.results import score_records
+
+    record = gpt4o_records[0]
+    (fields,) = score_records([record], cache=optimum_cache)
+    assert tuple(fields) == RECORD_METRIC_KEYS
+    # The default outputs are unchanged; static=True adds the static fields.
+    plain = get_structural_metrics(record["completion"], record["ground_truth"],
+                                   record["prompt"], cache=optimum_cache)
+    assert type(plain) is StructuralMetrics and tuple(plain.as_dict()) == STRUCTURAL_FIELDS
+    full = get_structural_metrics(record["completion"], record["ground_truth"],
+                                  record["prompt"], cache=optimum_cache, static=True)
+    assert isinstance(full, CompletionMetrics) and full.as_dict() == fields
+    assert {k: fields[k] for k in STRUCTURAL_FIELDS} == plain.as_dict()
+    assert {k: fields[k] for k in STATIC_METRIC_KEYS} == static_metrics(
+        record["prompt"], record["completion"], record["ground_truth"]).as_dict()
+
+    # Turned upside down with the load pointing up, from the record or from the
+    # caller (a folder's rule): the same problem, so the same compliances, and
+    # the same static figures (both searches and the path costs turn with it).
+    turned = _turned(record)
+    from_record = score_records([dict(turned, gravity_dir=[-1, 0])], cache=optimum_cache)[0]
+    from_caller = score_records([turned], gravity=(-1.0, 0.0), cache=optimum_cache)[0]
+    assert from_record == from_caller
+    for key in ("compliance", "ground_truth_compliance"):
+        assert from_record[key] == pytest.approx(fields[key], rel=1e-9)
+    for key in STATIC_METRIC_KEYS:
+        assert from_record[key] == pytest.approx(fields[key], rel=1e-12, abs=1e-12), key
+    # The same grids with the load pointing down do not carry it the same way.
+    down = score_records([turned], cache=optimum_cache)[0]
+    assert down["load_support_connected_force_directional"] is False
+    assert fields["load_support_connected_force_directional"] is True

@@ -11,7 +11,6 @@ import math
 import random
 from decimal import Decimal
 
-import numpy as np
 import pytest
 
 from sphyr_jax.scoring.static import (

@@ -610,8 +610,12 @@ class _Directions:
 
 
 def _ndim_of(gravity, answer) -> int:
-    if gravity is not None and np.size(gravity) == 3:
-        return 3
+    """3 for a 3-vector load direction or an answer nested three deep, else 2."""
+    try:
+        if gravity is not None and np.size(gravity) == 3:
+            return 3
+    except (TypeError, ValueError):  # ragged nonsense: an unusable direction later
+        pass
     return grid_ndim(answer)
 
 
