@@ -261,8 +261,8 @@ def test_write_report_files_and_json(tree, tmp_path):
     logged = []
     out = tmp_path / "out"
     try:
-        summary = write_report(root, out, metrics=["topology_score", "isolated_clusters_count"],
-                               formats=("png", "pdf"), log=logged.append)
+        summary = write_report(root, out, metrics=["topology_score"], formats=("png", "pdf"),
+                               log=logged.append)
     finally:
         data = corrupt.read_text()
         shutil.rmtree(corrupt.parent)
@@ -279,10 +279,10 @@ def test_write_report_files_and_json(tree, tmp_path):
     assert main["values"]["topology_score"][EASY]["model-a"] == pytest.approx(
         _mean(easy, "topology_score"), rel=1e-12)
     assert main["records"][EASY]["model-a"] == len(easy)
-    assert set(main["values"]) == {"topology_score", "isolated_clusters_count"}
+    assert set(main["values"]) == {"topology_score"}
     figures = sorted(p.relative_to(out).as_posix() for p in (out / "figures").rglob("*.*"))
     assert "figures/main/topology_score_easy.png" in figures
-    assert "figures/main/isolated_clusters_count_hard.pdf" in figures
+    assert "figures/main/topology_score_hard.pdf" in figures
     assert "figures/3_rotations/topology_score_hard.png" not in figures  # no hard subject
     png = (out / "figures/main/topology_score_easy.png").read_bytes()
     assert png.startswith(b"\x89PNG")

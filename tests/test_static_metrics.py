@@ -570,3 +570,23 @@ def test_text_and_tokens_agree():
                      for grid in case) for case in cases]
     assert static_metrics_batch(*zip(*cases, strict=True)) == static_metrics_batch(
         *zip(*as_text, strict=True))
+
+
+def test_score_items_use_the_physics_direction():
+    """``score_batch(static=True)`` reads the item's input and direction; on a
+    voxel item the 2D default (1, 0) means down, as for the physics."""
+    from sphyr_jax.scoring.metrics import ScoreItem, static_of
+
+    layers = [[["L", "0"], ["0", "0"]], [["0", "0"], ["0", "S"]]]
+    masked = [[["L", "V"], ["0", "0"]], [["0", "0"], ["0", "S"]]]
+    (voxel, turned, flat) = static_of([
+        ScoreItem(layers, layers, masked, (1.0, 0.0)),
+        ScoreItem(layers, layers, masked, (-1.0, 0.0, 0.0)),
+        ScoreItem(UPWARD, UPWARD, None, (-1.0, 0.0)),
+    ])
+    assert voxel == static_metrics(masked, layers, layers, (1, 0, 0))
+    assert voxel.load_support_connected_force_directional
+    assert not turned.load_support_connected_force_directional
+    assert voxel.difficulty_score > 0
+    assert flat == static_metrics(None, UPWARD, UPWARD, (-1, 0))
+    assert flat.load_support_connected_force_directional

@@ -741,8 +741,9 @@ def _score_shape(table: _Tokens, directions: _Directions, records: list[_Record]
     support = out_kind == _SUPPORT
     connected, clusters = _components(solid, load, support)
     direction = np.asarray([records[j].direction for j in scored])
-    allowed = np.stack(directions.allowed)[direction]
-    weights = np.stack(directions.weights)[direction]
+    used, which = np.unique(direction, return_inverse=True)  # one grid rank: one step set
+    allowed = np.stack([directions.allowed[d] for d in used])[which.reshape(-1)]
+    weights = np.stack([directions.weights[d] for d in used])[which.reshape(-1)]
     directional = np.zeros(n, bool)
     if connected.any():
         directional[connected] = _directional(solid[connected], load[connected],
