@@ -197,6 +197,7 @@ def test_hostile_completions_and_corrupt_files(tmp_path, gpt4o_records, optimum_
     records = [dict(base, completion=c) for c in HOSTILE]
     records.append({k: v for k, v in base.items() if k != "completion"})
     records.append(dict(base, ground_truth=None))
+    records += [dict(base, gravity_dir=[0, 0]), dict(base, gravity_dir=[1, [2]])]
     records.append(dict(base))  # a normal record scores normally
     good = tmp_path / "model-a" / "full_easy_results.json"
     good.parent.mkdir()

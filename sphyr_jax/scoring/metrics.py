@@ -162,8 +162,11 @@ def _fits(grid, shape) -> bool:
 def _item_ndim(item: ScoreItem) -> int:
     """3 for voxel samples (a 3-vector load direction or a 3-deep answer), else 2."""
     gravity = item.gravity_dir
-    if gravity is not None and np.size(gravity) == 3:
-        return 3
+    try:
+        if gravity is not None and np.size(gravity) == 3:
+            return 3
+    except (TypeError, ValueError):  # a ragged direction: the record is invalid later
+        pass
     return grid_ndim(item.ground_truth)
 
 

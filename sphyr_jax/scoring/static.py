@@ -27,9 +27,10 @@ Definitions (output = the completion, answer = the dataset's ground truth):
   is not ``L`` or ``S`` is a number in [0, 1] (a leftover ``V`` is invalid).
   An invalid output scores ``exact_match`` false, every ratio 0, both
   connectivity flags false, 0 clusters and a path ratio of 0;
-  ``difficulty_score`` is computed all the same.  So is an output whose
-  answer is not a non-empty rectangular grid, or whose load direction is not
-  usable (wrong length, zero, not finite).
+  ``difficulty_score`` is computed all the same.  A record whose load
+  direction is unusable (wrong length, zero, not finite) scores as invalid
+  too, and one whose answer is not a non-empty rectangular grid scores 0 on
+  everything.
 * ``exact_match``: no cell differs as a string.
 * ``difference_ratio`` $= 1 - n_{diff} / \\Sigma_{gt}$, with $n_{diff}$ the
   differing cells and $\\Sigma_{gt}$ the sum of the answer's numeric cells;
