@@ -306,8 +306,9 @@ def test_report_command(tree, tmp_path, monkeypatch, capsys):
             flags.FLAGS.unparse_flags()
 
     out = tmp_path / "cmd"
-    assert run(["report", f"--results_root={root}", f"--output_dir={out}",
-                "--report_metrics=exact_match", "--nofigures"]) == 0
+    flagfile = pathlib.Path(__file__).resolve().parents[1] / "configs" / "report.cfg"
+    assert run(["report", f"--flagfile={flagfile}", f"--results_root={root}",
+                f"--output_dir={out}", "--report_metrics=exact_match", "--nofigures"]) == 0
     text = capsys.readouterr()
     assert "report: 4 experiments" in text.out
     assert f"missing: main model-c {EASY}" in text.err
