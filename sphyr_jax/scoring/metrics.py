@@ -40,6 +40,7 @@ from sphyr_jax.problem.loadcase import (
     stack_load_cases,
     with_budget,
 )
+from sphyr_jax.scoring.static import StaticMetrics, static_metrics_batch
 from sphyr_jax.sharding import batch_call
 from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
 
@@ -112,6 +113,17 @@ class ScoreItem:
 
 METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(StructuralMetrics))
 """Every field scoring adds to a record (``StructuralMetrics.as_dict``)."""
+
+
+@dataclasses.dataclass
+class CompletionMetrics(StructuralMetrics, StaticMetrics):
+    """Every published metric of one completion: the static (grid-only) fields
+    of :class:`~sphyr_jax.scoring.static.StaticMetrics` followed by the
+    physical ones of :class:`StructuralMetrics` (what ``static=True`` returns)."""
+
+
+ALL_METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionMetrics))
+"""Every field scoring with ``static=True`` adds to a record, static ones first."""
 
 
 def _clipped(reference: float, actual: float) -> float:
@@ -219,6 +231,7 @@ def score_batch(
     progress=None,
     optimum: str | None = None,
     max_cells: int | None = DEFAULT_MAX_CELLS,
+    static: bool = False,
 ) -> list[StructuralMetrics]:
     """Score many completions; never raises for a bad completion.
 
@@ -235,9 +248,13 @@ def score_batch(
             the cache's, else ``"reference"``.
         max_cells: samples with more cells are invalid ("too large") rather
             than optimised for minutes (None: no limit).
+        static: also compute the twelve static (grid-only) metrics
+            (:mod:`sphyr_jax.scoring.static`), with the same input grid and
+            load direction as the physics.
 
     Returns:
-        One :class:`StructuralMetrics` per item, in order; an item that cannot
+        One :class:`StructuralMetrics` per item, in order (with ``static=True``
+        a :class:`CompletionMetrics`: both sets of fields); an item that cannot
         be scored is ``physically_valid`` false with ``invalid_reason`` set.
 
     Raises:
@@ -246,7 +263,10 @@ def score_batch(
     fea.require_x64()
     cache = _cache_for(cache, optimum, num_devices)
     prepared = [_prepare(item, max_cells) for item in items]
-    results = [StructuralMetrics() for _ in items]
+    if static:
+        results = [CompletionMetrics(**s.as_dict()) for s in static_of(items)]
+    else:
+        results = [StructuralMetrics() for _ in items]
     by_shape: dict[tuple, list[int]] = {}
     for i, p in enumerate(prepared):
         if isinstance(p, str):
@@ -306,6 +326,17 @@ def score_batch(
     return results
 
 
+def static_of(items: Sequence[ScoreItem]) -> list[StaticMetrics]:
+    """The static metrics of score items (their input grid and load direction)."""
+    gravities = []
+    for item in items:  # the physics' direction; an unusable one is left to the default
+        gravity = _gravity_for(item.gravity_dir, _answer_ndim(item.ground_truth))
+        gravities.append(None if isinstance(gravity, str) else gravity)
+    return static_metrics_batch([item.input_grid for item in items],
+                                [item.completion for item in items],
+                                [item.ground_truth for item in items], gravities)
+
+
 def _cache_for(cache: OptimumCache | None, optimum, num_devices) -> OptimumCache:
     """The given cache (checked against ``optimum``) or a fresh one for it."""
     if cache is None:
@@ -323,6 +354,7 @@ def get_structural_metrics(
     include_own_budget_reference: bool = False,
     cache: OptimumCache | None = None,
     optimum: str | None = None,
+    static: bool = False,
 ) -> StructuralMetrics:
     """Score one completion (see :func:`score_batch`).
 
@@ -335,10 +367,13 @@ def get_structural_metrics(
         cache: optional optimum cache shared between calls.
         optimum: ``"reference"`` (default: the published yardstick) or
             ``"strong"`` (stricter); see :func:`score_batch`.
+        static: also compute the twelve static metrics.
 
     Returns:
-        :class:`StructuralMetrics`; a wrong-shaped or unreadable completion,
-        or an unusable ground truth, gets the defaults.
+        :class:`StructuralMetrics` (:class:`CompletionMetrics` with
+        ``static=True``); a wrong-shaped or unreadable completion, or an
+        unusable ground truth, gets the defaults.
     """
     item = ScoreItem(output_grid, gt_grid, input_grid, gravity_dir)
-    return score_batch([item], cache, include_own_budget_reference, optimum=optimum)[0]
+    return score_batch([item], cache, include_own_budget_reference, optimum=optimum,
+                       static=static)[0]

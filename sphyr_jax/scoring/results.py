@@ -1,12 +1,16 @@
 """Rescoring stored benchmark results: ``<root>/<model>/<subject>_results.json``.
 
 Every record's completion, prompt (holding the masked input grid) and ground
-truth are read from its text; the structural metrics are added to the record
+truth are read from its text; every published metric is added to the record
+(the structural ones and the twelve static ones, :data:`RECORD_METRIC_KEYS`)
 and every other field is left as it was.  The neighbouring
 ``<subject>_aggregated_results.json`` gets ``total_<metric>`` (sums over the
-records) and ``evaluated_samples``.  All records of all files are scored
-together (in bounded chunks), so the reference optimum of a sample is computed
-once however many models completed it.
+records) for every key of :data:`AGGREGATE_KEYS` and ``evaluated_samples``;
+other fields of an existing aggregated file (an older tree's totals) are kept.
+All records of all files are scored together (in bounded chunks), so the
+reference optimum of a sample is computed once however many models completed
+it.  :func:`score_records` is the scoring step on its own, for callers that
+hold records rather than files (the evaluation harness).
 
 Nothing is lost: files are replaced atomically, a file that is not valid JSON
 (or not a list of records) is reported by name and left byte-for-byte
@@ -28,14 +32,24 @@ import time
 from collections import defaultdict
 
 from sphyr_jax.io import CorruptFileError, atomic_write_files, read_json
-from sphyr_jax.problem.loadcase import gravity_from_folder
-from sphyr_jax.scoring.metrics import STRUCTURAL_METRIC_KEYS, ScoreItem, score_batch
+from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY, gravity_from_folder
+from sphyr_jax.scoring.metrics import (
+    ALL_METRIC_FIELDS,
+    STRUCTURAL_METRIC_KEYS,
+    ScoreItem,
+    score_batch,
+)
+from sphyr_jax.scoring.static import STATIC_METRIC_KEYS
 from sphyr_jax.sharding import device_count
 from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
 
 RESULTS_SUFFIX = "_results.json"
 AGGREGATED_SUFFIX = "_aggregated_results.json"
 DEFAULT_CHUNK = 4096  # records scored per batch (bounds memory)
+RECORD_METRIC_KEYS = ALL_METRIC_FIELDS
+"""Every field scoring adds to a record: the static metrics, then the structural ones."""
+AGGREGATE_KEYS = STATIC_METRIC_KEYS + STRUCTURAL_METRIC_KEYS
+"""Metrics summed into ``total_<metric>`` of the aggregated files (and reported)."""
 LEADERBOARD_KEYS = (
     "topology_score",
     "structural_efficiency",
@@ -172,11 +186,57 @@ _RECORD_FIELD_REASONS = ("gravity_dir", "ground truth", "too large")
 
 
 def _item(record: dict, gravity) -> ScoreItem:
+    if not isinstance(record, dict):
+        return ScoreItem(None, None, None, DEFAULT_GRAVITY)
     prompt = record.get("prompt")
     input_grid = prompt if prompt is not None else record.get("input_grid")
     if record.get("gravity_dir") is not None:
         gravity = record["gravity_dir"]  # checked by the scorer, never reinterpreted
     return ScoreItem(record.get("completion"), record.get("ground_truth"), input_grid, gravity)
+
+
+def score_records(
+    records: list[dict],
+    gravity=DEFAULT_GRAVITY,
+    cache: OptimumCache | None = None,
+    *,
+    design_efficiency: bool = False,
+    num_devices: int | None = None,
+    progress=None,
+    optimum: str | None = None,
+) -> list[dict]:
+    """Every published metric of result records, as JSON-ready field dicts.
+
+    Each record is a results-file record: ``completion`` (raw model text),
+    ``ground_truth`` and ``prompt`` (or ``input_grid``) holding the masked
+    input grid, and optionally ``gravity_dir``.  The physics and the static
+    metrics read the same input grid and the same load direction: the
+    record's ``gravity_dir``, else ``gravity``.  A bad record gets the
+    invalid scores; nothing raises for one.
+
+    Args:
+        records: the records (not modified).
+        gravity: load direction of records without ``gravity_dir``, e.g.
+            :func:`sphyr_jax.problem.loadcase.gravity_from_folder` of their
+            folder.
+        cache: optimum cache (default: a fresh in-memory one).
+        design_efficiency: also optimise at each completion's own budget.
+        num_devices: devices batches are split over (None: all local).
+        progress: optional callable(stage, done, total).
+        optimum: the yardstick (see :func:`sphyr_jax.scoring.metrics.score_batch`).
+
+    Returns:
+        One dict per record, in order, with the keys of
+        :data:`RECORD_METRIC_KEYS` (non-finite numbers as None).
+    """
+    return _fields([_item(rec, gravity) for rec in records], cache, design_efficiency,
+                   num_devices, progress, optimum)
+
+
+def _fields(items, cache, design_efficiency, num_devices, progress, optimum=None) -> list[dict]:
+    scored = score_batch(items, cache, design_efficiency, num_devices, progress,
+                         optimum=optimum, static=True)
+    return [m.as_dict() for m in scored]
 
 
 def _means(records: list[dict], keys) -> dict:
@@ -189,7 +249,7 @@ def aggregate(records: list[dict], existing: dict | None = None,
     """``total_<metric>`` sums and ``evaluated_samples``, merged into ``existing``;
     ``optimum`` (when given) names the yardstick behind the figures."""
     out = dict(existing or {})
-    for key in STRUCTURAL_METRIC_KEYS:
+    for key in AGGREGATE_KEYS:
         out[f"total_{key}"] = sum(float(r.get(key) or 0.0) for r in records)
     out["evaluated_samples"] = len(records)
     if optimum is not None:
@@ -249,7 +309,7 @@ def rescore_tree(
     log=None,
     optimum: str | None = None,
 ) -> RescoreSummary:
-    """Add the structural metrics to every stored results file under a root.
+    """Add every published metric (static and structural) to every results file under a root.
 
     Args:
         results_root: folder of ``<model>/<subject>_results.json`` files.
@@ -301,19 +361,19 @@ def rescore_tree(
                     f"rescoring with {cache.optimum!r}")
     flat = [(k, i, rec) for k, (rf, recs) in enumerate(loaded) for i, rec in enumerate(recs)]
     items = [_item(rec, loaded[k][0].gravity_dir) for k, _, rec in flat]
-    for lo in range(0, len(items), max(1, chunk)):
-        scored = score_batch(items[lo: lo + chunk], cache, design_efficiency, num_devices,
-                             progress)
-        for (k, i, rec), metrics in zip(flat[lo: lo + chunk], scored, strict=True):
-            rec.update(metrics.as_dict())
-            summary.invalid_records += not metrics.physically_valid
-            reason = metrics.invalid_reason or ""
+    step = max(1, chunk)
+    for lo in range(0, len(items), step):
+        fields = _fields(items[lo: lo + step], cache, design_efficiency, num_devices, progress)
+        for (k, i, rec), metrics in zip(flat[lo: lo + step], fields, strict=True):
+            rec.update(metrics)
+            summary.invalid_records += not metrics["physically_valid"]
+            reason = metrics.get("invalid_reason") or ""
             if reason.startswith(_RECORD_FIELD_REASONS):
                 summary.invalid.append((str(loaded[k][0].path), i, reason))
                 if log is not None:
                     log(f"invalid record: {loaded[k][0].path} [{i}]: {reason}")
         if progress is not None:
-            progress("records", min(lo + chunk, len(items)), len(items))
+            progress("records", min(lo + step, len(items)), len(items))
 
     for rf, records in loaded:
         row = {"model": rf.model, "subject": rf.subject, "records": len(records),
