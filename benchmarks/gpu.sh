@@ -12,4 +12,6 @@ python - <<'PY'
 import jax
 print("devices:", jax.devices())
 PY
+# Every comparison column (SciPy solves, the published NumPy/SciPy method) is
+# measured in this same run on this machine's CPU.
 timeout 470 python benchmarks/run.py --batches 1,64,1024,8192 --json benchmarks/gpu_report.json

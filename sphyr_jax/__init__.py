@@ -40,12 +40,19 @@ from sphyr_jax.problem.loadcase import (
 from sphyr_jax.runtime import enable_compilation_cache, enable_x64, require_x64
 from sphyr_jax.scoring.metrics import (
     STRUCTURAL_METRIC_KEYS,
+    CompletionMetrics,
     ScoreItem,
     StructuralMetrics,
     get_structural_metrics,
     score_batch,
 )
-from sphyr_jax.scoring.results import rescore_tree
+from sphyr_jax.scoring.results import rescore_tree, score_records
+from sphyr_jax.scoring.static import (
+    STATIC_METRIC_KEYS,
+    StaticMetrics,
+    static_metrics,
+    static_metrics_batch,
+)
 from sphyr_jax.scoring.validation import validate_records
 from sphyr_jax.topopt.optimum import (
     OPTIMA,
@@ -68,8 +75,10 @@ __all__ = [
     "NU",
     "OPTIMA",
     "SINGULARITY_RATIO",
+    "STATIC_METRIC_KEYS",
     "STRUCTURAL_METRIC_KEYS",
     "Analysis",
+    "CompletionMetrics",
     "GridReport",
     "InvalidProblemError",
     "LoadCase",
@@ -82,6 +91,7 @@ __all__ = [
     "SimpOptions",
     "Solution",
     "Solver",
+    "StaticMetrics",
     "StructuralMetrics",
     "analyze",
     "apply_filter",
@@ -93,6 +103,9 @@ __all__ = [
     "reference_optimum_batch",
     "rescore_tree",
     "score_batch",
+    "score_records",
+    "static_metrics",
+    "static_metrics_batch",
     "validate_records",
     "as_grid",
     "compliance",

@@ -69,15 +69,18 @@ def _target_mode(path: str) -> int:
         return 0o666 & ~_UMASK
 
 
-def _write_temp(path: str, writer: Callable[[Any], None], encoding: str) -> str:
+def _write_temp(path: str, writer: Callable[[Any], None], encoding: str | None) -> str:
     """Write a temporary sibling of ``path`` with ``writer(file)``; return its name.
 
     The temporary file is flushed and fsynced; it is removed if anything fails.
+    ``encoding=None`` opens it in binary mode.
     """
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding=encoding, newline="") as handle:
+        binary = encoding is None
+        with (os.fdopen(fd, "wb") if binary else
+              os.fdopen(fd, "w", encoding=encoding, newline="")) as handle:
             writer(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -89,7 +92,7 @@ def _write_temp(path: str, writer: Callable[[Any], None], encoding: str) -> str:
     return tmp
 
 
-def _atomic_write(path: PathLike, writer: Callable[[Any], None], encoding: str) -> None:
+def _atomic_write(path: PathLike, writer: Callable[[Any], None], encoding: str | None) -> None:
     path = os.fspath(path)
     tmp = _write_temp(path, writer, encoding)
     try:
@@ -117,6 +120,14 @@ def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> Non
     if not isinstance(text, str):
         raise TypeError(f"text must be str, not {type(text).__name__}")
     _atomic_write(path, lambda handle: handle.write(text), encoding)
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+    """Replace the contents of ``path`` with ``data`` atomically (as
+    :func:`atomic_write_text`, for binary files such as figures)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes, not {type(data).__name__}")
+    _atomic_write(path, lambda handle: handle.write(data), None)
 
 
 def atomic_write_json(path: PathLike, obj: Any, indent: int | None = 2,

@@ -43,8 +43,3 @@ class ProgressBar:
         if done >= total:
             self._start.pop(stage, None)
             self._last.pop(stage, None)
-
-
-def silent(stage: str, done: int, total: int) -> None:
-    """A progress callable that reports nothing."""
-    del stage, done, total

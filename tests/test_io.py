@@ -31,6 +31,19 @@ def test_atomic_write_text_creates_and_replaces(tmp_path):
     assert _leftovers(tmp_path) == []
 
 
+def test_atomic_write_bytes_replaces_and_keeps_old_bytes_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "a.png"
+    data = bytes(range(256)) * 3  # every byte value, CR and LF untranslated
+    io.atomic_write_bytes(target, data)
+    assert target.read_bytes() == data
+    with pytest.raises(TypeError):
+        io.atomic_write_bytes(target, "text")
+    monkeypatch.setattr(io.os, "replace", lambda src, dst: (_ for _ in ()).throw(OSError("no")))
+    with pytest.raises(OSError):
+        io.atomic_write_bytes(target, b"new")
+    assert target.read_bytes() == data and _leftovers(tmp_path) == []
+
+
 def test_atomic_write_text_keeps_old_content_when_replace_fails(tmp_path, monkeypatch):
     target = tmp_path / "a.txt"
     target.write_text("old")

@@ -17,7 +17,14 @@ from absl import flags
 from conftest import FULL_EASY, REPO, RTOL_REFERENCE, SHARED, require_shared, store_optima
 
 from sphyr_jax.app import cli, common
-from sphyr_jax.scoring.results import AGGREGATED_SUFFIX, aggregate, rescore_tree
+from sphyr_jax.scoring.results import (
+    AGGREGATE_KEYS,
+    AGGREGATED_SUFFIX,
+    RECORD_METRIC_KEYS,
+    aggregate,
+    rescore_tree,
+)
+from sphyr_jax.scoring.static import STATIC_METRIC_KEYS, static_metrics
 from sphyr_jax.scoring.validation import probe_completions, validate_records
 
 METRIC_FIELDS = (
@@ -26,7 +33,7 @@ METRIC_FIELDS = (
     "structural_efficiency", "structural_efficiency_raw", "design_efficiency",
     "material_efficiency", "compliance_efficiency_vs_ground_truth", "volume_fraction",
     "ground_truth_volume_fraction", "volume_ratio", "max_displacement", "unfilled_cells",
-    "unparsable_cells",
+    "unparsable_cells", "invalid_reason",
 )
 
 # The published validate table (full_easy, 20 samples): probe -> (topo score,
@@ -96,7 +103,7 @@ def test_rescore_restores_reference_metrics(rescored):
         assert rec["unparsable_cells"] == old["unparsable_cells"]
         assert rec["physically_valid"] == old["physically_valid"]
     assert same >= 0.98 * 2 * len(stored)
-    assert summary.records == 116 and summary.files == 2 and not summary.corrupt
+    assert summary.records == 116 and summary.files == 2 and not summary.skipped
     assert summary.optimum == "reference"
 
 
@@ -108,9 +115,40 @@ def test_rescore_leaves_other_fields_alone(rescored):
         new = _read(path)
         for before, after in zip(stripped, new, strict=True):
             for key, value in before.items():
-                assert after[key] == value
+                if key not in STATIC_METRIC_KEYS:  # the stored exact_match is recomputed
+                    assert after[key] == value
             assert list(after)[: len(before)] == list(before)  # key order kept
-            assert set(after) == set(before) | set(METRIC_FIELDS)
+            assert set(after) == set(before) | set(METRIC_FIELDS) | set(STATIC_METRIC_KEYS)
+
+
+STATIC_TYPES = {"valid_output_grid": bool, "exact_match": bool,
+                "load_support_connected": bool,
+                "load_support_connected_force_directional": bool,
+                "isolated_clusters_count": int}
+
+
+def test_rescore_fills_every_static_field(rescored):
+    root, originals, _ = rescored
+    for folder, (stored, _) in originals.items():
+        (path,) = [p for p in (root / folder).glob("*_results.json")
+                   if not p.name.endswith(AGGREGATED_SUFFIX)]
+        new = _read(path)
+        assert len(new) == len(stored)
+        for old, rec in zip(stored, new, strict=True):
+            assert set(RECORD_METRIC_KEYS) <= set(rec)
+            for key in STATIC_METRIC_KEYS:
+                assert type(rec[key]) is STATIC_TYPES.get(key, float), (folder, key)
+            # Both stored files carry the published harness's exact_match.
+            assert rec["exact_match"] == old["exact_match"]
+            assert not rec["valid_output_grid"] or rec["physically_valid"]
+            assert 0.0 <= rec["force_path_cost_average_efficiency_ratio"] <= 1.0
+            assert 0.0 <= rec["difficulty_score"] <= 3.0
+            # The same figures as the public one-record function, on the same text.
+            alone = static_metrics(old["prompt"], old["completion"], old["ground_truth"])
+            assert {k: rec[k] for k in STATIC_METRIC_KEYS} == alone.as_dict()
+        assert sum(r["valid_output_grid"] for r in new) >= 0.9 * len(new)
+        assert sum(r["load_support_connected"] for r in new) >= 0.5 * len(new)
+        assert all(r["difficulty_score"] > 0 for r in new)
 
 
 def test_rescore_aggregates_consistent(rescored):
@@ -119,10 +157,12 @@ def test_rescore_aggregates_consistent(rescored):
         agg = _read(path)
         records = _read(str(path).replace(AGGREGATED_SUFFIX, "_results.json"))
         assert agg["evaluated_samples"] == len(records)
-        for key in ("topology_score", "structural_efficiency", "material_efficiency",
-                    "compliance_efficiency_vs_ground_truth", "load_carrying", "volume_ratio"):
+        assert set(AGGREGATE_KEYS) == set(STATIC_METRIC_KEYS) | {
+            "topology_score", "structural_efficiency", "material_efficiency",
+            "compliance_efficiency_vs_ground_truth", "load_carrying", "volume_ratio"}
+        for key in AGGREGATE_KEYS:
             assert agg[f"total_{key}"] == pytest.approx(
-                sum(float(r[key] or 0.0) for r in records), rel=1e-12)
+                sum(float(r[key] or 0.0) for r in records), rel=1e-12, abs=1e-12), key
     by_model = {row["model"]: row for row in summary.leaderboard}
     gpt = _read(root / "gpt-4o-2024-08-06" / "full_easy_results.json")
     assert by_model["gpt-4o-2024-08-06"]["topology_score"] == pytest.approx(
@@ -157,6 +197,7 @@ def test_hostile_completions_and_corrupt_files(tmp_path, gpt4o_records, optimum_
     records = [dict(base, completion=c) for c in HOSTILE]
     records.append({k: v for k, v in base.items() if k != "completion"})
     records.append(dict(base, ground_truth=None))
+    records += [dict(base, gravity_dir=[0, 0]), dict(base, gravity_dir=[1, [2]])]
     records.append(dict(base))  # a normal record scores normally
     good = tmp_path / "model-a" / "full_easy_results.json"
     good.parent.mkdir()
@@ -174,9 +215,13 @@ def test_hostile_completions_and_corrupt_files(tmp_path, gpt4o_records, optimum_
 
     logged = []
     summary = rescore_tree(tmp_path, cache=optimum_cache, log=logged.append)
-    reported = {path for path, _ in summary.corrupt}
+    reported = {path for path, _ in summary.skipped}
     assert reported == {str(truncated), str(not_a_list), str(bad_agg)}
-    assert len(logged) == 3
+    assert len([line for line in logged if line.startswith("skipped")]) == 3
+    # The record without a ground truth is named (file and index): its own field is unusable.
+    invalid = [line for line in logged if line.startswith("invalid record")]
+    assert invalid == [f"invalid record: {good} [{len(HOSTILE) + 1}]: ground truth unusable: "
+                       + summary.invalid[0][2].split(": ", 1)[1]]
     for path, data in frozen.items():
         assert path.read_bytes() == data  # byte-for-byte untouched
     out = _read(good)
@@ -184,7 +229,8 @@ def test_hostile_completions_and_corrupt_files(tmp_path, gpt4o_records, optimum_
     for rec in out[:-1]:
         assert rec["physically_valid"] is False
         assert rec["topology_score"] == 0.0 and rec["compliance"] is None
-    assert out[-1]["physically_valid"] is True
+        assert rec["valid_output_grid"] is False and rec["difference_ratio"] == 0.0
+    assert out[-1]["physically_valid"] is True and out[-1]["valid_output_grid"] is True
     assert out[-1]["compliance"] == pytest.approx(base["compliance"], rel=RTOL_REFERENCE)
     assert summary.invalid_records == len(records) - 1
     # Untouched record content survives, NaN included.
@@ -381,3 +427,60 @@ def test_kill_during_rescore_loses_nothing(kill_at, tmp_path, gpt4o_records, opt
     rescore_tree(clean, cache=optimum_cache)
     for path in clean.rglob("*_results.json"):
         assert path.read_bytes() == (root / path.relative_to(clean)).read_bytes()
+
+
+# ----------------------------------------------------------------------------
+# score_records: the scoring step the evaluation harness calls.
+
+
+def _turned(record: dict) -> dict:
+    """The record turned by 180 degrees (grids as text), its load pointing up."""
+    from sphyr_jax.scoring.static import read_grid
+
+    def turn(text):
+        return "\n".join(" ".join(row[::-1]) for row in read_grid(text)[::-1])
+
+    return dict(record, prompt=turn(record["prompt"]), completion=turn(record["completion"]),
+                ground_truth=turn(record["ground_truth"]))
+
+
+def test_score_records_physics_and_static_share_the_direction(gpt4o_records, optimum_cache):
+    from sphyr_jax.scoring.metrics import (
+        METRIC_FIELDS as STRUCTURAL_FIELDS,
+    )
+    from sphyr_jax.scoring.metrics import (
+        CompletionMetrics,
+        StructuralMetrics,
+        get_structural_metrics,
+    )
+    from sphyr_jax.scoring.results import score_records
+
+    record = gpt4o_records[0]
+    (fields,) = score_records([record], cache=optimum_cache)
+    assert tuple(fields) == RECORD_METRIC_KEYS
+    # The default outputs are unchanged; static=True adds the static fields.
+    plain = get_structural_metrics(record["completion"], record["ground_truth"],
+                                   record["prompt"], cache=optimum_cache)
+    assert type(plain) is StructuralMetrics and tuple(plain.as_dict()) == STRUCTURAL_FIELDS
+    full = get_structural_metrics(record["completion"], record["ground_truth"],
+                                  record["prompt"], cache=optimum_cache, static=True)
+    assert isinstance(full, CompletionMetrics) and full.as_dict() == fields
+    assert {k: fields[k] for k in STRUCTURAL_FIELDS} == plain.as_dict()
+    assert {k: fields[k] for k in STATIC_METRIC_KEYS} == static_metrics(
+        record["prompt"], record["completion"], record["ground_truth"]).as_dict()
+
+    # Turned upside down with the load pointing up, from the record or from the
+    # caller (a folder's rule): the same problem, so the same compliances, and
+    # the same static figures (both searches and the path costs turn with it).
+    turned = _turned(record)
+    from_record = score_records([dict(turned, gravity_dir=[-1, 0])], cache=optimum_cache)[0]
+    from_caller = score_records([turned], gravity=(-1.0, 0.0), cache=optimum_cache)[0]
+    assert from_record == from_caller
+    for key in ("compliance", "ground_truth_compliance"):
+        assert from_record[key] == pytest.approx(fields[key], rel=1e-9)
+    for key in STATIC_METRIC_KEYS:
+        assert from_record[key] == pytest.approx(fields[key], rel=1e-12, abs=1e-12), key
+    # The same grids with the load pointing down do not carry it the same way.
+    down = score_records([turned], cache=optimum_cache)[0]
+    assert down["load_support_connected_force_directional"] is False
+    assert fields["load_support_connected_force_directional"] is True

@@ -22,8 +22,8 @@ from sphyr_jax.rl import (
     topology_reward,
     verdict,
 )
-from sphyr_jax.rl.reward import MAX_COMPLETION_CHARS, isolated_clusters, valid_grid
-from sphyr_jax.scoring.metrics import METRIC_FIELDS, get_structural_metrics
+from sphyr_jax.rl.reward import MAX_COMPLETION_CHARS
+from sphyr_jax.scoring.metrics import ALL_METRIC_FIELDS, get_structural_metrics
 from sphyr_jax.topopt.optimum import OptimumCache
 
 RTOL = 1e-12
@@ -147,8 +147,11 @@ def test_invalid_and_hostile_completions_score_zero(rows, optimum_cache):
                              input_grid=[row["input_grid"]] * n,
                              gravity_dir=[row["gravity_dir"]] * n)
     assert [m["valid_output_grid"] for m in metrics] == [False] * (n - 1) + [True]
-    assert set(METRIC_FIELDS) <= set(metrics[0])
+    assert list(metrics[0]) == list(ALL_METRIC_FIELDS)  # every published metric
     assert metrics[0]["compliance"] is None and metrics[0]["topology_score"] == 0.0
+    assert metrics[0]["invalid_reason"] == "no grid found in the completion"
+    # The static metrics are those of the published harness for the valid answer.
+    assert metrics[-1]["exact_match"] and metrics[-1]["isolated_clusters_count"] == 0
     # Long completions are read from their tail: the answer after 1 MB of prose counts.
     long = "y" * 1_000_000 + "\n" + gt
     assert len(long) > MAX_COMPLETION_CHARS
@@ -163,22 +166,6 @@ def test_reward_columns_are_checked():
         topology_reward(completions=["a", "b"], ground_truth=["L S"])
     with pytest.raises(ValueError, match="gravity_dir"):
         topology_reward(completions=["a"], ground_truth=["L S"], gravity_dir=[[0, 0]])
-
-
-def test_valid_grid_and_isolated_clusters_by_hand():
-    grid = [["L", "0", "1", "0"],
-            ["1", "0", "0", "0"],
-            ["0", "0", "0", "0.3"],
-            ["S", "0", "0.2", "0"]]
-    # {L, (1,0)} is anchored; (0,2) floats; (2,3) and (3,2) touch at a corner: one piece.
-    assert isolated_clusters(grid) == 2
-    assert isolated_clusters([["L", "1"], ["1", "S"]]) == 0
-    assert valid_grid(grid, (4, 4)) and not valid_grid(grid, (4, 5))
-    assert not valid_grid([row[:] for row in grid[:3]], (4, 4))
-    assert valid_grid([["1e-1", "L"], ["S", "1.0"]], (2, 2))
-    for bad in ("V", "1.01", "-0", "abc"):
-        ok = bad == "-0"  # "-0" is the number 0
-        assert valid_grid([[bad, "L"], ["S", "1"]], (2, 2)) is ok
 
 
 # ----------------------------------------------------------------------------

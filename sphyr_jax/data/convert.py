@@ -89,10 +89,18 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from sphyr_jax.data.datasets import DIFFICULTIES, SUBJECT_SUFFIX_3D, VARIANTS, list_subjects
+from sphyr_jax.data.datasets import (
+    DIFFICULTIES,
+    SUBJECT_SUFFIX_3D,
+    VARIANTS,
+    DatasetError,
+    list_subjects,
+    load_subject,
+)
 from sphyr_jax.errors import UserInputError
-from sphyr_jax.io import atomic_write_files
+from sphyr_jax.io import atomic_write_files, atomic_write_text
 from sphyr_jax.problem.grids import LOAD, MASK, SUPPORT, grid_to_text
+from sphyr_jax.problem.symmetry import turn_records
 
 RAW_SUFFIX = "_SPhyR_2D.csv"
 RAW_SUFFIX_3D = "_SPhyR_3D.csv"
@@ -319,7 +327,6 @@ def read_raw_csv(path, shape: tuple[int, int] | None = None) -> RawSample:
     return RawSample(raw_file_number(path), easy, hard, dens, path)
 
 
-_AXES_3D = ("x", "y", "z")
 
 
 def read_raw_csv_3d(path, shape: tuple[int, int, int] | None = None) -> RawSample:
@@ -629,9 +636,17 @@ def list_raw_files(raw_dir, order: str = "name", dim: int | None = None) -> list
     return sorted(files, key=lambda p: (raw_file_number(p), p.name))
 
 
+def unsolvable_reason(sample: RawSample) -> str | None:
+    """Why a converted sample cannot be scored (no load or no support cell), else None."""
+    tokens = set(np.asarray(sample.easy, dtype=object).ravel().tolist())
+    missing = [name for token, name in (("L", "load ('L')"), ("S", "support ('S')"))
+               if token not in tokens]
+    return f"no {' and no '.join(missing)} cell" if missing else None
+
+
 def convert_raw_dir(
     raw_dir, output_dir, seed: int = 42, fmt: str = "jsonl", order: str = "name",
-    dim: int | None = None,
+    dim: int | None = None, skip_unsolvable: bool = False, log=None,
 ) -> dict[str, int]:
     """Convert a folder of raw CSVs into the 16 subject files.
 
@@ -650,17 +665,58 @@ def convert_raw_dir(
         order: sample order, ``"name"`` (published) or ``"number"``; see
             :func:`list_raw_files`.
         dim: 2, 3 or None (see :func:`list_raw_files`).
+        skip_unsolvable: leave out samples with no load or no support cell
+            (each named through ``log``) instead of stopping.
+        log: optional callable(str) for the samples left out.
 
     Returns:
         ``{subject: number of records}`` for the 16 subjects.
 
     Raises:
-        ConversionError: for a missing/empty folder or a malformed CSV (the
-            message names the file and line).
+        ConversionError: for a missing/empty folder, a malformed CSV (the
+            message names the file and line), or a sample with no load or no
+            support cell (named) unless ``skip_unsolvable``.
         ValueError: for an unknown ``fmt`` or ``order``.
         OSError: if the output cannot be written.
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
-    samples = [read_raw(path) for path in list_raw_files(raw_dir, order, dim)]
+    samples = []
+    for path in list_raw_files(raw_dir, order, dim):
+        sample = read_raw(path)
+        reason = unsolvable_reason(sample)
+        if reason is None:
+            samples.append(sample)
+        elif skip_unsolvable:
+            if log is not None:
+                log(f"left out {path}: {reason}")
+        else:
+            raise ConversionError(f"{path}: {reason}; such a sample cannot be scored "
+                                  "(pass --skip_unsolvable to leave it out)", path)
+    if not samples:
+        raise ConversionError(f"{raw_dir}: no sample with both load and support cells")
     return write_subjects(build_subjects(samples, seed), output_dir, fmt)
+
+
+def write_turned_dataset(source_dir, output_dir, k: int) -> dict[str, int]:
+    """Write the 16 subject files of a dataset folder turned by k quarter turns.
+
+    Records keep their index and get ``gravity_dir``; files are JSONL like the
+    source ((:func:`render_subject`)).  Subjects missing from the
+    source are skipped.
+
+    Returns:
+        ``{subject: number of records written}``.
+    """
+    output_dir = pathlib.Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for subject in list_subjects():
+        try:
+            records = load_subject(str(source_dir), subject)
+        except DatasetError:
+            continue
+        turned = turn_records(records, k)
+        atomic_write_text(output_dir / f"{subject}.jsonl", render_subject(turned, "jsonl"))
+        written[subject] = len(turned)
+    return written

@@ -20,7 +20,6 @@ different amounts inside one compiled call.
 
 from __future__ import annotations
 
-import pathlib
 from collections.abc import Sequence
 
 import jax
@@ -108,34 +107,6 @@ def turn_records(records: Sequence[dict], k: int) -> list[dict]:
     return [transform_record(r, k) for r in records]
 
 
-def write_turned_dataset(source_dir, output_dir, k: int) -> dict[str, int]:
-    """Write the 16 subject files of a dataset folder turned by k quarter turns.
-
-    Records keep their index and get ``gravity_dir``; files are JSONL like the
-    source (``sphyr_jax.data.convert.render_subject``).  Subjects missing from the
-    source are skipped.
-
-    Returns:
-        ``{subject: number of records written}``.
-    """
-    from sphyr_jax.data.convert import render_subject
-    from sphyr_jax.data.datasets import DatasetError, list_subjects, load_subject
-    from sphyr_jax.io import atomic_write_text
-
-    output_dir = pathlib.Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for subject in list_subjects():
-        try:
-            records = load_subject(str(source_dir), subject)
-        except DatasetError:
-            continue
-        turned = turn_records(records, k)
-        atomic_write_text(output_dir / f"{subject}.jsonl", render_subject(turned, "jsonl"))
-        written[subject] = len(turned)
-    return written
-
-
 def turn_planes(x: jax.Array, k) -> jax.Array:
     """``np.rot90(x, k, axes=(-2, -1))`` with a traced k (square planes for odd k).
 
@@ -163,9 +134,3 @@ def turn_vector(g: jax.Array, k) -> jax.Array:
 def mirror_planes(x: jax.Array, flip) -> jax.Array:
     """Planes (..., h, w) mirrored left-right where the traced flag ``flip`` is true."""
     return jnp.where(flip, jnp.flip(x, axis=-1), x)
-
-
-def canonical_turns_jax(g: jax.Array) -> jax.Array:
-    """Traced :func:`canonical_turns` of (..., 2) steps: int turns in 0..3."""
-    dirs = jnp.asarray(AXIS_DIRECTIONS, g.dtype)
-    return jnp.argmax(g @ dirs.T, axis=-1)

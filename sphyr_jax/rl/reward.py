@@ -12,8 +12,9 @@ completion costs one batched finite-element solve.
 
 :func:`score_completions` is the one scoring path of this package (the
 reward function, the environment and the feedback experiment all use it): it
-checks each completion's grid, scores the valid ones physically, and returns
-every metric an episode reports (:func:`_metrics_for` assembles them).
+returns every published metric of each completion, the static (grid-only)
+ones, ``valid_output_grid`` among them, and the structural ones
+(:func:`_metrics_for` assembles them).
 :func:`prompt_dataset` builds the training set: a ``datasets.Dataset`` whose
 ``prompt`` column holds the benchmark's prompts and whose other columns are
 what the reward function reads.
@@ -24,29 +25,15 @@ float64 is required: call ``sphyr_jax.enable_x64()`` at program start.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Sequence
-
-import numpy as np
 
 from sphyr_jax.data.datasets import list_subjects, load_subject
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation.prompts import DEFAULT_SEED, PromptSpec
-from sphyr_jax.problem.grids import (
-    LOAD,
-    STRUCTURAL,
-    SUPPORT,
-    InvalidProblemError,
-    as_grid,
-    check_rectangular,
-    extract_grid,
-    grid_ndim,
-    parse_number,
-)
-from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY, DEFAULT_GRAVITY_3D
+from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY_3D
 from sphyr_jax.rl.samples import build_samples
-from sphyr_jax.scoring.metrics import ScoreItem, StructuralMetrics, score_batch
+from sphyr_jax.scoring.metrics import CompletionMetrics, ScoreItem, score_batch
 from sphyr_jax.topopt.optimum import OptimumCache
 
 MAX_COMPLETION_CHARS = 100_000
@@ -92,99 +79,17 @@ def completion_text(completion) -> str:
 
 
 # ----------------------------------------------------------------------------
-# Checking and scoring.
+# Scoring.
 
 
-def _ndim(item: ScoreItem) -> int:
-    if item.gravity_dir is not None and np.size(item.gravity_dir) == 3:
-        return 3
-    return grid_ndim(item.ground_truth)
+def _metrics_for(metrics: CompletionMetrics) -> dict:
+    """Every published metric of one completion, JSON-ready (non-finite numbers are None).
 
-
-def _tokens(grid) -> list:
-    """Every token of a 2D or 3D token grid, flat."""
-    if grid and isinstance(grid[0], (list, tuple)) and grid[0] and isinstance(
-            grid[0][0], (list, tuple)):
-        return [t for layer in grid for row in layer for t in row]
-    return [t for row in grid for t in row]
-
-
-def _shape(grid) -> tuple | None:
-    """The shape of a rectangular 2D or 3D token grid, None if ragged."""
-    try:
-        if grid_ndim(grid) == 3:
-            shapes = {check_rectangular(layer) for layer in grid}
-            return (len(grid), *shapes.pop()) if len(shapes) == 1 else None
-        return check_rectangular(grid)
-    except (InvalidProblemError, TypeError):
-        return None
-
-
-def valid_grid(grid, shape: tuple) -> bool:
-    """Whether an extracted grid is a complete answer of the given shape.
-
-    Every cell must be ``L``, ``S`` or a number in [0, 1] (ASCII decimal, no
-    ``nan``/``inf``); a ``V`` left in place, a word or a wrong shape makes the
-    grid invalid.
+    The one place the reported metric set is assembled: the static (grid-only)
+    metrics, ``valid_output_grid`` among them, then the structural ones and
+    ``invalid_reason``.
     """
-    if grid is None or _shape(grid) != tuple(shape):
-        return False
-    for token in set(_tokens(grid)):  # a grid holds few distinct tokens
-        if token in STRUCTURAL:
-            continue
-        value = parse_number(token)
-        if value is None or not 0.0 <= value <= 1.0:
-            return False
-    return True
-
-
-def isolated_clusters(grid) -> int:
-    """Pieces of material connected to no load and no support.
-
-    Cells with a density above 0, and ``L``/``S`` cells, are material; cells
-    touching by an edge or a corner are connected.  Counts the connected
-    pieces holding no ``L`` or ``S`` cell.
-    """
-    cells = np.array(grid, dtype=object)
-    solid = np.zeros(cells.shape, bool)
-    anchor = np.zeros(cells.shape, bool)
-    for idx, token in np.ndenumerate(cells):
-        anchor[idx] = token in (LOAD, SUPPORT)
-        value = parse_number(token)
-        solid[idx] = anchor[idx] or (value is not None and value > 0.0)
-    offsets = [o for o in itertools.product((-1, 0, 1), repeat=cells.ndim) if any(o)]
-    seen = np.zeros(cells.shape, bool)
-    count = 0
-    for start in zip(*np.nonzero(solid), strict=True):
-        if seen[start]:
-            continue
-        seen[start] = True
-        stack, anchored = [start], False
-        while stack:
-            cell = stack.pop()
-            anchored = anchored or bool(anchor[cell])
-            for off in offsets:
-                nxt = tuple(c + o for c, o in zip(cell, off, strict=True))
-                if all(0 <= c < n for c, n in zip(nxt, cells.shape, strict=True)) and (
-                        solid[nxt] and not seen[nxt]):
-                    seen[nxt] = True
-                    stack.append(nxt)
-        count += not anchored
-    return count
-
-
-def _metrics_for(grid, valid: bool, structural: StructuralMetrics, details: bool) -> dict:
-    """Every metric of one completion (JSON-ready: non-finite numbers are None).
-
-    The one place the reported metric set is assembled: the grid check
-    (``valid_output_grid``), the static metrics (``details``: so far the
-    isolated clusters) and the structural metrics.
-    """
-    metrics = {"valid_output_grid": bool(valid)}
-    if details:
-        metrics["isolated_clusters_count"] = isolated_clusters(grid) if valid else 0
-    metrics.update(structural.as_dict())
-    return metrics
+    return metrics.as_dict()
 
 
 def reward_of(metrics: dict) -> float:
@@ -195,93 +100,61 @@ def reward_of(metrics: dict) -> float:
     return float(value) if value is not None and math.isfinite(value) else 0.0
 
 
-def score_completions(items: Sequence[ScoreItem], cache: OptimumCache | None = None,
-                      details: bool = True, num_devices: int | None = None) -> list[dict]:
-    """Every metric of many completions, in one batched call; never raises for a completion.
-
-    A completion (text or chat messages, see :func:`completion_text`) whose
-    last grid is not a complete answer of the sample's shape
-    (:func:`valid_grid`) gets ``valid_output_grid`` false and the default
-    structural metrics (scores 0) without being simulated; the others are
-    scored by :func:`~sphyr_jax.scoring.metrics.score_batch`.
-
-    Args:
-        items: the completions with their answers, masked inputs and load
-            directions (a 3-vector direction or an answer given as layers
-            makes a voxel sample).
-        cache: the optimum cache (None: a fresh in-memory one).
-        details: also compute the static metrics (the reward needs none).
-        num_devices: devices batches are split over.
-
-    Returns:
-        One metrics dict per item, in order.
-    """
-    valid, grids, structural = _score(items, cache, num_devices)
-    return [_metrics_for(grids[i], valid[i], structural[i], details) for i in range(len(items))]
-
-
-def _score(items: Sequence[ScoreItem], cache, num_devices):
-    """(valid flags, extracted grids, structural metrics) of the items.
-
-    Identical answers to the same sample (common in a GRPO group) are
-    simulated once.
-    """
-    answers: dict = {}
-    grids: list = [None] * len(items)
-    where = [-1] * len(items)  # position of each valid item's answer in ``scored``
-    scored: list[ScoreItem] = []
-    first: dict = {}  # (sample, answer grid) -> position in ``scored``
-    for i, item in enumerate(items):
-        ndim = _ndim(item)
-        answer = _answer(item.ground_truth, ndim, answers)
-        if answer is None:
-            continue
-        grids[i] = extract_grid(completion_text(item.completion), ndim=ndim)
-        if not valid_grid(grids[i], _shape(answer)):
-            continue
-        gravity = item.gravity_dir
-        if gravity is None:
-            gravity = DEFAULT_GRAVITY_3D if ndim == 3 else DEFAULT_GRAVITY
-        try:
-            key = (_hashable(item.ground_truth), _hashable(item.input_grid), tuple(gravity),
-                   _hashable(grids[i]))
-        except TypeError:
-            key = object()  # unhashable inputs: no sharing
-        if key not in first:
-            first[key] = len(scored)
-            truth = item.ground_truth if isinstance(item.ground_truth, str) else answer
-            scored.append(ScoreItem(grids[i], truth, item.input_grid, tuple(gravity)))
-        where[i] = first[key]
-    results = score_batch(scored, cache, num_devices=num_devices) if scored else []
-    structural = [dataclasses.replace(results[w]) if w >= 0 else StructuralMetrics()
-                  for w in where]
-    return [w >= 0 for w in where], grids, structural
-
-
 def _hashable(value):
     """A grid or direction (text, nested lists, numbers) as a hashable key."""
     if isinstance(value, (list, tuple)):
-        if value and all(isinstance(row, list) and all(isinstance(t, str) for t in row)
-                         for row in value):
-            return tuple(map(tuple, value))  # token rows, the common case
         return tuple(_hashable(v) for v in value)
     hash(value)  # TypeError for anything else unhashable
     return value
 
 
-def _answer(ground_truth, ndim: int, memo: dict):
-    """The answer as token rows (None if unreadable), read once per distinct answer."""
-    key = (ground_truth, ndim) if isinstance(ground_truth, str) else None
-    if key is not None and key in memo:
-        return memo[key]
-    try:
-        grid = as_grid(ground_truth, ndim)
-        answer = grid if _shape(grid) is not None else None
-    except (InvalidProblemError, TypeError, ValueError):
-        answer = None
-    if key is not None:
-        memo[key] = answer
-    return answer
+def _score(items: Sequence[ScoreItem], cache, num_devices) -> list[CompletionMetrics]:
+    """Static and structural metrics of the items, in one batched call.
+
+    Completions are reduced to their text first (:func:`completion_text`);
+    identical answers to the same sample (common in a GRPO group) are scored
+    once.
+    """
+    unique: list[ScoreItem] = []
+    first: dict = {}
+    where = []
+    for item in items:
+        text = completion_text(item.completion)
+        try:
+            key = (_hashable(item.ground_truth), _hashable(item.input_grid),
+                   _hashable(item.gravity_dir), text)
+        except TypeError:
+            key = object()  # unhashable inputs: no sharing
+        if key not in first:
+            first[key] = len(unique)
+            unique.append(ScoreItem(text, item.ground_truth, item.input_grid, item.gravity_dir))
+        where.append(first[key])
+    results = (score_batch(unique, cache, num_devices=num_devices, static=True)
+               if unique else [])
+    return [dataclasses.replace(results[w]) for w in where]
+
+
+def score_completions(items: Sequence[ScoreItem], cache: OptimumCache | None = None,
+                      num_devices: int | None = None) -> list[dict]:
+    """Every published metric of many completions, in one batched call.
+
+    The static metrics read a completion's grid as the published harness
+    does (``valid_output_grid``: the answer's shape, every cell ``L``, ``S``
+    or a number in [0, 1]; see :mod:`sphyr_jax.scoring.static`); the physics
+    comes from :func:`~sphyr_jax.scoring.metrics.score_batch`.  Never raises
+    for a bad completion.
+
+    Args:
+        items: the completions (text or chat messages, see
+            :func:`completion_text`) with their answers, masked inputs and
+            load directions.
+        cache: the optimum cache (None: a fresh in-memory one).
+        num_devices: devices batches are split over.
+
+    Returns:
+        One metrics dict per item, in order.
+    """
+    return [_metrics_for(m) for m in _score(items, cache, num_devices)]
 
 
 # ----------------------------------------------------------------------------
@@ -363,7 +236,7 @@ class TopologyReward:
                 gravity_dir=None, subject=None, **kwargs) -> list[dict]:
         """Every metric of each completion (same arguments as :meth:`__call__`)."""
         items = self.items(prompts, completions, input_grid, ground_truth, gravity_dir, subject)
-        return score_completions(items, self.cache, details=True, num_devices=self.num_devices)
+        return score_completions(items, self.cache, num_devices=self.num_devices)
 
     def __call__(self, prompts=None, completions=None, input_grid=None, ground_truth=None,
                  gravity_dir=None, subject=None, **kwargs) -> list[float]:
@@ -389,9 +262,9 @@ class TopologyReward:
                 completion (a bad completion never raises: it scores 0).
         """
         items = self.items(prompts, completions, input_grid, ground_truth, gravity_dir, subject)
-        valid, _, structural = _score(items, self.cache, self.num_devices)
-        return [reward_of({"valid_output_grid": ok, REWARD_METRIC: m.topology_score})
-                for ok, m in zip(valid, structural, strict=True)]
+        return [reward_of({"valid_output_grid": m.valid_output_grid,
+                           REWARD_METRIC: m.topology_score})
+                for m in _score(items, self.cache, self.num_devices)]
 
 
 _SHARED: TopologyReward | None = None

@@ -22,6 +22,7 @@ average, up to 26% lower, and the mean topology score drops from 0.2393 to 0.236
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -40,9 +41,9 @@ from sphyr_jax.problem.loadcase import (
     LoadCase,
     load_case_from_grid,
     stack_load_cases,
-    unless_2d_default,
     with_budget,
 )
+from sphyr_jax.scoring.static import StaticMetrics, static_metrics_batch
 from sphyr_jax.sharding import batch_call, bucket_size, device_count
 from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
 
@@ -82,6 +83,7 @@ class StructuralMetrics:
     max_displacement: float = 0.0
     unfilled_cells: int = 0
     unparsable_cells: int = 0
+    invalid_reason: str | None = None
 
     def as_dict(self) -> dict:
         """JSON-ready fields; non-finite numbers become None."""
@@ -102,7 +104,8 @@ class ScoreItem:
         input_grid: the masked input grid (text, tokens, or a prompt containing
             it); None: every non-L/S cell is a design cell.
         gravity_dir: load direction as a (row, col) step, or a (layer, row,
-            col) step for voxel samples (the 2D default means down there too).
+            col) step for voxel samples (the 2D default means down there too);
+            None means the default direction (down).
     """
 
     completion: object
@@ -113,6 +116,17 @@ class ScoreItem:
 
 METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(StructuralMetrics))
 """Every field scoring adds to a record (``StructuralMetrics.as_dict``)."""
+
+
+@dataclasses.dataclass
+class CompletionMetrics(StructuralMetrics, StaticMetrics):
+    """Every published metric of one completion: the static (grid-only) fields
+    of :class:`~sphyr_jax.scoring.static.StaticMetrics` followed by the
+    physical ones of :class:`StructuralMetrics` (what ``static=True`` returns)."""
+
+
+ALL_METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionMetrics))
+"""Every field scoring with ``static=True`` adds to a record, static ones first."""
 
 
 def _clipped(reference: float, actual: float) -> float:
@@ -147,6 +161,7 @@ class _Sample:
 
     case: LoadCase
     gt_rho: np.ndarray
+    ndim: int
 
 
 @dataclasses.dataclass
@@ -175,48 +190,99 @@ def _fits(grid, shape) -> bool:
     return all(_fits(g, shape[1:]) for g in grid)
 
 
-def _item_ndim(item: ScoreItem) -> int:
-    """3 for voxel samples (a 3-vector load direction or a 3-deep answer), else 2."""
-    gravity = item.gravity_dir
-    if gravity is not None and np.size(gravity) == 3:
-        return 3
-    return grid_ndim(item.ground_truth)
+DEFAULT_MAX_CELLS = 16_384
+"""Cells per sample above which a record is reported invalid ("too large") instead
+of scored: 128x128 in 2D, about 25^3 in 3D.  The published sets are 10x10,
+20x20 and 10x10x10; pass ``max_cells`` to raise it knowingly."""
 
 
-def _sample_of(item: ScoreItem, ndim: int) -> _Sample | None:
-    try:
-        case = load_case_from_grid(item.ground_truth, item.input_grid,
-                                   unless_2d_default(item.gravity_dir, ndim), ndim=ndim)
-    except (InvalidProblemError, TypeError, IndexError, ValueError):
+def _answer_ndim(ground_truth) -> int:
+    """3 for a voxel answer (token layers, or text with blank-line-separated layers), else 2."""
+    if isinstance(ground_truth, str):
+        return _text_ndim(ground_truth)
+    return grid_ndim(ground_truth)
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_ndim(ground_truth: str) -> int:
+    layers = extract_grid(ground_truth, ndim=3)
+    return 3 if layers is not None and len(layers) > 1 else 2
+
+
+def _gravity_for(gravity_dir, ndim: int):
+    """The record's direction checked against the grid's dimension, or a reason string.
+
+    A missing direction is the default (down); a direction with the wrong number
+    of components, or components that are not finite numbers, is never
+    reinterpreted: the record is invalid, with a reason.
+    """
+    if gravity_dir is None:
         return None
+    try:
+        g = np.asarray(gravity_dir, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        return f"gravity_dir {gravity_dir!r} is not a list of numbers"
+    if g.size == 2 and ndim == 3 and tuple(g) == DEFAULT_GRAVITY:
+        return None  # the 2D default means down on voxels too
+    if g.size != ndim:
+        return (f"gravity_dir {gravity_dir!r} has {g.size} components but the grid is "
+                f"{ndim}D (expected {ndim})")
+    if not np.all(np.isfinite(g)) or not np.any(g):
+        return f"gravity_dir {gravity_dir!r} must be finite and non-zero"
+    return tuple(float(v) for v in g)
+
+
+def _sample_of(item: ScoreItem, max_cells: int | None) -> _Sample | str:
+    """The item's sample, or the reason it cannot be scored."""
+    ndim = _answer_ndim(item.ground_truth)
+    gravity = _gravity_for(item.gravity_dir, ndim)
+    if isinstance(gravity, str):
+        return gravity
+    try:
+        case = load_case_from_grid(item.ground_truth, item.input_grid, gravity, ndim=ndim)
+    except (InvalidProblemError, TypeError, IndexError, ValueError) as exc:
+        return f"ground truth unusable: {exc}"
+    cells = int(np.prod(case.shape))
+    if max_cells is not None and cells > max_cells:
+        return f"too large: {cells} cells > max_cells={max_cells}"
     structural = np.asarray(case.load_mask | case.support_mask)
     gt_rho = np.asarray(case.pinned).copy()
     gt_rho[structural] = 1.0
-    return _Sample(case=case, gt_rho=gt_rho)
+    return _Sample(case=case, gt_rho=gt_rho, ndim=ndim)
 
 
-def _prepare(item: ScoreItem, samples: list, positions: dict) -> _Prepared | None:
-    """Parse one completion; its sample is read once per call (``positions`` memo)."""
-    ndim = _item_ndim(item)
+def _prepare(item: ScoreItem, max_cells: int | None, samples: list,
+             positions: dict) -> _Prepared | str:
+    """The item's arrays, or the reason it cannot be scored.
+
+    Its sample is read once per call: ``positions`` maps a sample's
+    (answer, input, direction) to its place in ``samples`` (or to the reason
+    it cannot be scored).
+    """
     try:
-        key = (_frozen(item.ground_truth), _frozen(item.input_grid),
-               _frozen(item.gravity_dir), ndim)
+        key = (_frozen(item.ground_truth), _frozen(item.input_grid), _frozen(item.gravity_dir))
     except (TypeError, ValueError):
         key = None  # unhashable inputs: read this sample on its own
     position = positions.get(key) if key is not None else None
     if position is None:
-        sample = _sample_of(item, ndim)
-        if sample is None:
-            return None
-        position = len(samples)
-        samples.append(sample)
+        sample = _sample_of(item, max_cells)
+        if isinstance(sample, str):
+            position = sample
+        else:
+            position = len(samples)
+            samples.append(sample)
         if key is not None:
             positions[key] = position
+    if isinstance(position, str):
+        return position
     sample = samples[position]
-    grid = extract_grid(item.completion, ndim=ndim)
-    if grid is None or not _fits(grid, sample.case.shape):
-        return None
-    out_rho, report = densities_from_grid(grid, ndim=ndim)
+    grid = extract_grid(item.completion, ndim=sample.ndim)
+    if grid is None:
+        return "no grid found in the completion"
+    shape = sample.case.shape
+    if not _fits(grid, shape):
+        return f"completion does not have the answer's shape {'x'.join(map(str, shape))}"
+    out_rho, report = densities_from_grid(grid, ndim=sample.ndim)
     out_rho[np.asarray(sample.case.load_mask | sample.case.support_mask)] = 1.0
     return _Prepared(sample=position, out_rho=out_rho, report=report)
 
@@ -228,6 +294,8 @@ def score_batch(
     num_devices: int | None = None,
     progress=None,
     optimum: str | None = None,
+    max_cells: int | None = DEFAULT_MAX_CELLS,
+    static: bool = False,
 ) -> list[StructuralMetrics]:
     """Score many completions; never raises for a bad completion.
 
@@ -242,9 +310,16 @@ def score_batch(
         optimum: the yardstick, ``"reference"`` (the published optimum, the
             default) or ``"strong"`` (a harder search: stricter scores); None:
             the cache's, else ``"reference"``.
+        max_cells: samples with more cells are invalid ("too large") rather
+            than optimised for minutes (None: no limit).
+        static: also compute the twelve static (grid-only) metrics
+            (:mod:`sphyr_jax.scoring.static`), with the same input grid and
+            load direction as the physics.
 
     Returns:
-        One :class:`StructuralMetrics` per item, in order.
+        One :class:`StructuralMetrics` per item, in order (with ``static=True``
+        a :class:`CompletionMetrics`: both sets of fields); an item that cannot
+        be scored is ``physically_valid`` false with ``invalid_reason`` set.
 
     Raises:
         ValueError: ``optimum`` is unknown or differs from the cache's.
@@ -253,11 +328,16 @@ def score_batch(
     cache = _cache_for(cache, optimum, num_devices)
     samples: list[_Sample] = []
     positions: dict = {}
-    prepared = [_prepare(item, samples, positions) for item in items]
-    results = [StructuralMetrics() for _ in items]
+    prepared = [_prepare(item, max_cells, samples, positions) for item in items]
+    if static:
+        results = [CompletionMetrics(**s.as_dict()) for s in static_of(items)]
+    else:
+        results = [StructuralMetrics() for _ in items]
     by_shape: dict[tuple, list[int]] = {}
     for i, p in enumerate(prepared):
-        if p is not None:
+        if isinstance(p, str):
+            results[i].invalid_reason = p
+        else:
             by_shape.setdefault(samples[p.sample].case.shape, []).append(i)
 
     for idx in by_shape.values():
@@ -322,6 +402,17 @@ def score_batch(
     return results
 
 
+def static_of(items: Sequence[ScoreItem]) -> list[StaticMetrics]:
+    """The static metrics of score items (their input grid and load direction)."""
+    gravities = []
+    for item in items:  # the physics' direction; an unusable one is left to the default
+        gravity = _gravity_for(item.gravity_dir, _answer_ndim(item.ground_truth))
+        gravities.append(None if isinstance(gravity, str) else gravity)
+    return static_metrics_batch([item.input_grid for item in items],
+                                [item.completion for item in items],
+                                [item.ground_truth for item in items], gravities)
+
+
 def _cache_for(cache: OptimumCache | None, optimum, num_devices) -> OptimumCache:
     """The given cache (checked against ``optimum``) or a fresh one for it."""
     if cache is None:
@@ -339,6 +430,7 @@ def get_structural_metrics(
     include_own_budget_reference: bool = False,
     cache: OptimumCache | None = None,
     optimum: str | None = None,
+    static: bool = False,
 ) -> StructuralMetrics:
     """Score one completion (see :func:`score_batch`).
 
@@ -346,15 +438,18 @@ def get_structural_metrics(
         output_grid: the completion, as raw text or a token grid.
         gt_grid: the dataset answer; its L/S cells define the load case.
         input_grid: the masked input grid (its V cells are the design region).
-        gravity_dir: load direction (row, col).
+        gravity_dir: load direction (row, col); None: down.
         include_own_budget_reference: also compute ``design_efficiency``.
         cache: optional optimum cache shared between calls.
         optimum: ``"reference"`` (default: the published yardstick) or
             ``"strong"`` (stricter); see :func:`score_batch`.
+        static: also compute the twelve static metrics.
 
     Returns:
-        :class:`StructuralMetrics`; a wrong-shaped or unreadable completion,
-        or an unusable ground truth, gets the defaults.
+        :class:`StructuralMetrics` (:class:`CompletionMetrics` with
+        ``static=True``); a wrong-shaped or unreadable completion, or an
+        unusable ground truth, gets the defaults.
     """
-    item = ScoreItem(output_grid, gt_grid, input_grid, tuple(gravity_dir))
-    return score_batch([item], cache, include_own_budget_reference, optimum=optimum)[0]
+    item = ScoreItem(output_grid, gt_grid, input_grid, gravity_dir)
+    return score_batch([item], cache, include_own_budget_reference, optimum=optimum,
+                       static=static)[0]

@@ -1,12 +1,16 @@
 """Rescoring stored benchmark results: ``<root>/<model>/<subject>_results.json``.
 
 Every record's completion, prompt (holding the masked input grid) and ground
-truth are read from its text; the structural metrics are added to the record
+truth are read from its text; every published metric is added to the record
+(the structural ones and the twelve static ones, :data:`RECORD_METRIC_KEYS`)
 and every other field is left as it was.  The neighbouring
 ``<subject>_aggregated_results.json`` gets ``total_<metric>`` (sums over the
-records) and ``evaluated_samples``.  All records of all files are scored
-together (in bounded chunks), so the reference optimum of a sample is computed
-once however many models completed it.
+records) for every key of :data:`AGGREGATE_KEYS` and ``evaluated_samples``;
+other fields of an existing aggregated file (an older tree's totals) are kept.
+All records of all files are scored together (in bounded chunks), so the
+reference optimum of a sample is computed once however many models completed
+it.  :func:`score_records` is the scoring step on its own, for callers that
+hold records rather than files (the evaluation harness).
 
 Nothing is lost: files are replaced atomically, a file that is not valid JSON
 (or not a list of records) is reported by name and left byte-for-byte
@@ -21,19 +25,31 @@ rescoring a file that an earlier run scored with the other yardstick says so
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import pathlib
 import time
 from collections import defaultdict
 
-from sphyr_jax.io import CorruptFileError, atomic_write_json, read_json
+from sphyr_jax.io import CorruptFileError, atomic_write_files, read_json
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY, gravity_from_folder
-from sphyr_jax.scoring.metrics import STRUCTURAL_METRIC_KEYS, ScoreItem, score_batch
+from sphyr_jax.scoring.metrics import (
+    ALL_METRIC_FIELDS,
+    STRUCTURAL_METRIC_KEYS,
+    ScoreItem,
+    score_batch,
+)
+from sphyr_jax.scoring.static import STATIC_METRIC_KEYS
 from sphyr_jax.sharding import device_count
 from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
 
 RESULTS_SUFFIX = "_results.json"
 AGGREGATED_SUFFIX = "_aggregated_results.json"
 DEFAULT_CHUNK = 4096  # records scored per batch (bounds memory)
+RECORD_METRIC_KEYS = ALL_METRIC_FIELDS
+"""Every field scoring adds to a record: the static metrics, then the structural ones."""
+AGGREGATE_KEYS = STATIC_METRIC_KEYS + STRUCTURAL_METRIC_KEYS
+"""Metrics summed into ``total_<metric>`` of the aggregated files (and reported)."""
 LEADERBOARD_KEYS = (
     "topology_score",
     "structural_efficiency",
@@ -65,7 +81,8 @@ class RescoreSummary:
     records: int = 0
     invalid_records: int = 0
     written: list = dataclasses.field(default_factory=list)
-    corrupt: list = dataclasses.field(default_factory=list)  # (path, reason)
+    skipped: list = dataclasses.field(default_factory=list)  # (path, reason): left untouched
+    invalid: list = dataclasses.field(default_factory=list)  # (path, record index, reason)
     leaderboard: list = dataclasses.field(default_factory=list)
     per_file: list = dataclasses.field(default_factory=list)
     optimisations: int = 0
@@ -81,42 +98,145 @@ class RescoreSummary:
                 f"{self.seconds:.1f} s: optimum={self.optimum} "
                 f"switched={len(self.switched)} optimisations={self.optimisations} "
                 f"cache_hits={self.cache_hits} invalid={self.invalid_records} "
-                f"corrupt={len(self.corrupt)} devices={self.devices}")
+                f"skipped={len(self.skipped)} devices={self.devices}")
+
+    def report(self) -> str:
+        """One line per skipped file and per record whose own fields are unusable."""
+        lines = [f"skipped (left untouched): {path}: {reason}" for path, reason in self.skipped]
+        lines += [f"invalid record: {path} [{index}]: {reason}"
+                  for path, index, reason in self.invalid]
+        return "\n".join(lines)
 
 
-def find_result_files(results_root) -> list[ResultFile]:
-    """Every ``<model>/<subject>_results.json`` under the root, sorted."""
+def find_result_files(results_root, skipped: list | None = None) -> list[ResultFile]:
+    """Every ``<model>/<subject>_results.json`` under the root, sorted.
+
+    Symbolic links are followed, but a folder or file reached twice (the same
+    real path under two names) is listed once, under its first name, and a
+    link that loops or points nowhere is never followed: such entries, and
+    anything named ``*_results.json`` that is not a readable file, are added to
+    ``skipped`` as ``(path, reason)`` instead.
+
+    Raises:
+        FileNotFoundError: the root is not a folder.
+    """
     root = pathlib.Path(results_root)
     if not root.is_dir():
         raise FileNotFoundError(f"results root not found: {root}")
-    found = []
-    for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        if model_dir.name == "plots":
+    skipped = [] if skipped is None else skipped
+    found, seen_dirs, seen_files = [], set(), set()
+    for model_dir in sorted(root.iterdir()):
+        try:
+            if not model_dir.is_dir() or model_dir.name == "plots":
+                continue
+            real_dir = model_dir.resolve(strict=True)
+        except (OSError, RuntimeError) as exc:  # a loop or a dangling link
+            skipped.append((str(model_dir), f"unreadable link: {exc}"))
             continue
+        if real_dir in seen_dirs:
+            skipped.append((str(model_dir), "same folder as another model folder (a link); "
+                                             "scored once"))
+            continue
+        seen_dirs.add(real_dir)
         gravity = gravity_from_folder(model_dir.name)
         for path in sorted(model_dir.glob("*" + RESULTS_SUFFIX)):
             if path.name.endswith(AGGREGATED_SUFFIX):
                 continue
+            try:
+                real = path.resolve(strict=True)
+            except (OSError, RuntimeError) as exc:
+                skipped.append((str(path), f"unreadable link: {exc}"))
+                continue
+            if not real.is_file():
+                skipped.append((str(path), "not a regular file"))
+                continue
+            if real in seen_files:
+                skipped.append((str(path), "same file as another results file (a link); "
+                                           "scored once"))
+                continue
+            seen_files.add(real)
             subject = path.name[: -len(RESULTS_SUFFIX)]
             found.append(ResultFile(path, model_dir.name, subject, gravity))
     return found
 
 
 def _read_records(path: pathlib.Path) -> list[dict]:
-    records = read_json(path)
+    try:
+        records = read_json(path)
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise CorruptFileError(f"cannot be read ({exc.__class__.__name__})", path) from exc
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise CorruptFileError("expected a JSON list of records (objects)", path)
     return records
 
 
+def _writable(path: pathlib.Path) -> bool:
+    """Whether a results file may be replaced: its target and folder are writable.
+
+    A file without any write permission bit counts as read-only even for a
+    superuser, whom ``os.access`` would let through.
+    """
+    target = path.resolve()
+    mode = target.stat().st_mode
+    return (bool(mode & 0o222) and os.access(target, os.W_OK)
+            and os.access(target.parent, os.W_OK))
+
+
+_RECORD_FIELD_REASONS = ("gravity_dir", "ground truth", "too large")
+
+
 def _item(record: dict, gravity) -> ScoreItem:
+    if not isinstance(record, dict):
+        return ScoreItem(None, None, None, DEFAULT_GRAVITY)
     prompt = record.get("prompt")
     input_grid = prompt if prompt is not None else record.get("input_grid")
-    gravity = record.get("gravity_dir", gravity)
-    if not isinstance(gravity, (list, tuple)):
-        gravity = DEFAULT_GRAVITY
-    return ScoreItem(record.get("completion"), record.get("ground_truth"), input_grid,
-                     tuple(gravity))
+    if record.get("gravity_dir") is not None:
+        gravity = record["gravity_dir"]  # checked by the scorer, never reinterpreted
+    return ScoreItem(record.get("completion"), record.get("ground_truth"), input_grid, gravity)
+
+
+def score_records(
+    records: list[dict],
+    gravity=DEFAULT_GRAVITY,
+    cache: OptimumCache | None = None,
+    *,
+    design_efficiency: bool = False,
+    num_devices: int | None = None,
+    progress=None,
+    optimum: str | None = None,
+) -> list[dict]:
+    """Every published metric of result records, as JSON-ready field dicts.
+
+    Each record is a results-file record: ``completion`` (raw model text),
+    ``ground_truth`` and ``prompt`` (or ``input_grid``) holding the masked
+    input grid, and optionally ``gravity_dir``.  The physics and the static
+    metrics read the same input grid and the same load direction: the
+    record's ``gravity_dir``, else ``gravity``.  A bad record gets the
+    invalid scores; nothing raises for one.
+
+    Args:
+        records: the records (not modified).
+        gravity: load direction of records without ``gravity_dir``, e.g.
+            :func:`sphyr_jax.problem.loadcase.gravity_from_folder` of their
+            folder.
+        cache: optimum cache (default: a fresh in-memory one).
+        design_efficiency: also optimise at each completion's own budget.
+        num_devices: devices batches are split over (None: all local).
+        progress: optional callable(stage, done, total).
+        optimum: the yardstick (see :func:`sphyr_jax.scoring.metrics.score_batch`).
+
+    Returns:
+        One dict per record, in order, with the keys of
+        :data:`RECORD_METRIC_KEYS` (non-finite numbers as None).
+    """
+    return _fields([_item(rec, gravity) for rec in records], cache, design_efficiency,
+                   num_devices, progress, optimum)
+
+
+def _fields(items, cache, design_efficiency, num_devices, progress, optimum=None) -> list[dict]:
+    scored = score_batch(items, cache, design_efficiency, num_devices, progress,
+                         optimum=optimum, static=True)
+    return [m.as_dict() for m in scored]
 
 
 def _means(records: list[dict], keys) -> dict:
@@ -129,7 +249,7 @@ def aggregate(records: list[dict], existing: dict | None = None,
     """``total_<metric>`` sums and ``evaluated_samples``, merged into ``existing``;
     ``optimum`` (when given) names the yardstick behind the figures."""
     out = dict(existing or {})
-    for key in STRUCTURAL_METRIC_KEYS:
+    for key in AGGREGATE_KEYS:
         out[f"total_{key}"] = sum(float(r.get(key) or 0.0) for r in records)
     out["evaluated_samples"] = len(records)
     if optimum is not None:
@@ -171,7 +291,7 @@ def previous_optimum(rf: ResultFile) -> str | None:
     """The yardstick named in a file's aggregated results (None: none recorded)."""
     try:
         existing = read_json(rf.aggregated_path) if rf.aggregated_path.exists() else None
-    except CorruptFileError:
+    except (CorruptFileError, OSError):
         return None
     value = existing.get("optimum") if isinstance(existing, dict) else None
     return value if isinstance(value, str) else None
@@ -189,7 +309,7 @@ def rescore_tree(
     log=None,
     optimum: str | None = None,
 ) -> RescoreSummary:
-    """Add the structural metrics to every stored results file under a root.
+    """Add every published metric (static and structural) to every results file under a root.
 
     Args:
         results_root: folder of ``<model>/<subject>_results.json`` files.
@@ -217,14 +337,21 @@ def rescore_tree(
         raise ValueError(f"optimum={optimum!r} but the cache holds {cache.optimum!r} optima")
     hits0, computed0 = cache.hits, cache.computed
     summary = RescoreSummary(devices=device_count(num_devices), optimum=cache.optimum)
+
+    def skip(path, reason):
+        summary.skipped.append((str(path), reason))
+        if log is not None:
+            log(f"skipped (left untouched): {path}: {reason}")
+
     loaded: list[tuple[ResultFile, list[dict]]] = []
-    for rf in find_result_files(results_root):
+    found = find_result_files(results_root, skipped := [])
+    for path, reason in skipped:
+        skip(path, reason)
+    for rf in found:
         try:
             loaded.append((rf, _read_records(rf.path)))
         except CorruptFileError as exc:
-            summary.corrupt.append((str(rf.path), str(exc)))
-            if log is not None:
-                log(f"skipped (left untouched): {exc}")
+            skip(rf.path, str(exc).replace(f"{rf.path}: ", ""))
     for rf, _ in loaded:
         previous = previous_optimum(rf)
         if previous is not None and previous != cache.optimum:
@@ -232,45 +359,75 @@ def rescore_tree(
             if log is not None:
                 log(f"{rf.path}: its figures came from the {previous!r} yardstick; "
                     f"rescoring with {cache.optimum!r}")
-    flat = [(k, rec) for k, (rf, recs) in enumerate(loaded) for rec in recs]
-    items = [_item(rec, loaded[k][0].gravity_dir) for k, rec in flat]
-    for lo in range(0, len(items), max(1, chunk)):
-        scored = score_batch(items[lo: lo + chunk], cache, design_efficiency, num_devices,
-                             progress)
-        for (_, rec), metrics in zip(flat[lo: lo + chunk], scored, strict=True):
-            rec.update(metrics.as_dict())
-            summary.invalid_records += not metrics.physically_valid
+    flat = [(k, i, rec) for k, (rf, recs) in enumerate(loaded) for i, rec in enumerate(recs)]
+    items = [_item(rec, loaded[k][0].gravity_dir) for k, _, rec in flat]
+    step = max(1, chunk)
+    for lo in range(0, len(items), step):
+        fields = _fields(items[lo: lo + step], cache, design_efficiency, num_devices, progress)
+        for (k, i, rec), metrics in zip(flat[lo: lo + step], fields, strict=True):
+            rec.update(metrics)
+            summary.invalid_records += not metrics["physically_valid"]
+            reason = metrics.get("invalid_reason") or ""
+            if reason.startswith(_RECORD_FIELD_REASONS):
+                summary.invalid.append((str(loaded[k][0].path), i, reason))
+                if log is not None:
+                    log(f"invalid record: {loaded[k][0].path} [{i}]: {reason}")
         if progress is not None:
-            progress("records", min(lo + chunk, len(items)), len(items))
+            progress("records", min(lo + step, len(items)), len(items))
 
     for rf, records in loaded:
+        row = {"model": rf.model, "subject": rf.subject, "records": len(records),
+               **_means(records, LEADERBOARD_KEYS)}
+        if not dry_run:
+            written = _write_pair(rf, records, cache.optimum, skip)
+            if not written:
+                continue
+            summary.written.extend(written)
         summary.files += 1
         summary.records += len(records)
-        summary.per_file.append({"model": rf.model, "subject": rf.subject,
-                                 "records": len(records),
-                                 **_means(records, LEADERBOARD_KEYS)})
-        if dry_run:
-            continue
-        existing = None
-        agg_path = rf.aggregated_path
-        if agg_path.exists():
-            try:
-                existing = read_json(agg_path)
-                if not isinstance(existing, dict):
-                    raise CorruptFileError("expected a JSON object", agg_path)
-            except CorruptFileError as exc:
-                summary.corrupt.append((str(agg_path), str(exc)))
-                if log is not None:
-                    log(f"aggregates not updated (file left untouched): {exc}")
-                existing = False
-        # Fields we did not compute are written back as read (NaN included).
-        atomic_write_json(rf.path, records, indent=2, allow_nan=True)
-        summary.written.append(str(rf.path))
-        if existing is not False:
-            atomic_write_json(agg_path, aggregate(records, existing, cache.optimum), indent=2)
-            summary.written.append(str(agg_path))
+        summary.per_file.append(row)
     summary.leaderboard = leaderboard(summary.per_file)
     summary.optimisations = cache.computed - computed0
     summary.cache_hits = cache.hits - hits0
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _write_pair(rf: ResultFile, records: list[dict], optimum: str, skip) -> list[str]:
+    """Write a results file and its aggregates together, or neither.
+
+    Both go through symbolic links to their targets and are replaced in one
+    all-or-nothing step, so the aggregates always describe the records on
+    disk.  An existing aggregates file that cannot be read is reported and
+    left untouched (only the results file is written).  Returns the paths
+    written; when the results file cannot be written, calls ``skip(path,
+    reason)`` and returns [] with both files as they were.
+    """
+    target = rf.path.resolve()
+    agg_link = rf.aggregated_path
+    try:
+        agg_target = agg_link.resolve(strict=False)
+        if not _writable(rf.path):
+            skip(rf.path, "read-only; not rewritten")
+            return []
+        existing, problem = None, None
+        if agg_link.exists() or agg_link.is_symlink():
+            try:
+                existing = read_json(agg_link)
+                if not isinstance(existing, dict):
+                    problem = "aggregates are not a JSON object"
+            except (CorruptFileError, OSError) as exc:
+                problem = f"aggregates unreadable ({exc.__class__.__name__})"
+        if problem is not None:  # never overwrite a file we could not read
+            skip(agg_link, f"{problem}; not updated (the results file was)")
+        # Fields we did not compute are written back as read (NaN included).
+        texts = {
+            target: json.dumps(records, indent=2, allow_nan=True, ensure_ascii=False) + "\n"}
+        if problem is None:
+            texts[agg_target] = json.dumps(aggregate(records, existing, optimum), indent=2,
+                                           ensure_ascii=False) + "\n"
+        atomic_write_files(texts)
+    except (OSError, RuntimeError, ValueError, TypeError) as exc:
+        skip(rf.path, f"not written ({exc.__class__.__name__}: {exc}); left as it was")
+        return []
+    return [str(rf.path)] + ([str(agg_link)] if problem is None else [])

@@ -28,11 +28,10 @@ from sphyr_jax.training.evaluation import (
     complete_grids,
     complete_records,
     evaluate,
-    evaluate_model,
     fill_baseline,
-    run_experiment,
     score_completions,
 )
+from sphyr_jax.training.experiment import evaluate_model, run_experiment
 from sphyr_jax.training.leaderboard import (
     EvalGroup,
     add_turned_groups,

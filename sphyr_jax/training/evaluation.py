@@ -1,4 +1,4 @@
-"""Completing dataset inputs with a model, physical scoring, and a whole experiment.
+"""Completing dataset inputs with a model, and scoring the completions physically.
 
 Completions keep every known token of the input and fill the ``V`` cells in
 the subject's format (``0``/``1`` at threshold 0.5, or one decimal); they are
@@ -9,9 +9,7 @@ record's ``gravity_dir`` when it has one.
 
 from __future__ import annotations
 
-import pathlib
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -19,9 +17,7 @@ import numpy as np
 
 from sphyr_jax.problem.grids import MASK, as_grid, check_rectangular
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY
-from sphyr_jax.training.config import TrainConfig
-from sphyr_jax.training.loop import train
-from sphyr_jax.training.model import predict, save_checkpoint
+from sphyr_jax.training.model import predict
 from sphyr_jax.training.problems import grid_features
 
 SUMMARY_KEYS = ("topology_score", "load_carrying", "structural_efficiency",
@@ -146,59 +142,3 @@ def fill_baseline(records: Sequence[dict], token: str, cache=None,
     """Score completions that put ``token`` (``"0"``: empty, ``"1"``: solid) in every V cell."""
     completions = [fill_masked(r["input_grid"], token) for r in records]
     return score_completions(records, completions, cache, num_devices)
-
-
-def run_experiment(cfg: TrainConfig, workdir, groups: Sequence = (), cache=None,
-                   log: Callable[[str], None] | None = None,
-                   num_devices: int | None = None) -> dict:
-    """Train, checkpoint, then score the model on every group; writes ``<workdir>/metrics.json``.
-
-    Args:
-        cfg: training configuration.
-        workdir: output folder (``model.eqx``, ``model.json``, ``metrics.json``
-            and, with groups, the leaderboard files of
-            :func:`~sphyr_jax.training.leaderboard.write_leaderboard`).
-        groups: :class:`~sphyr_jax.training.leaderboard.EvalGroup` s (none: no
-            evaluation).
-        cache: optimum cache for scoring.
-        log: optional callable receiving progress lines.
-        num_devices: devices scoring is split over (None: all local).
-
-    Returns:
-        ``{"config", "curve", "train_seconds", "checkpoint"}`` plus, with
-        groups, ``"eval_seconds"`` and ``"summary"`` (see
-        :func:`~sphyr_jax.training.leaderboard.summary`).
-    """
-    from sphyr_jax.io import atomic_write_json
-
-    log = log or (lambda line: None)
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    model, curve = train(cfg, log=lambda e: log(
-        f"step {e['step']}: loss {e['loss']:.4f} vf {e['volume_fraction']:.3f} "
-        f"carrying {e['carrying']:.2f} ({e['seconds']:.0f} s)"))
-    out = {"config": cfg.as_dict(), "curve": curve, "train_seconds": time.perf_counter() - t0}
-    out["checkpoint"] = str(save_checkpoint(workdir, model, cfg.model).name)
-    atomic_write_json(workdir / "metrics.json", out)
-    if groups:
-        out.update(evaluate_model(model, groups, workdir, cache, log, num_devices))
-        atomic_write_json(workdir / "metrics.json", out)
-    return out
-
-
-def evaluate_model(model, groups: Sequence, workdir, cache=None,
-                   log: Callable[[str], None] | None = None,
-                   num_devices: int | None = None) -> dict:
-    """Leaderboard of a model on groups, written to ``workdir``; returns
-    ``{"eval_seconds", "summary"}`` (see :mod:`sphyr_jax.training.leaderboard`)."""
-    from sphyr_jax.training.leaderboard import build_leaderboard, summary, write_leaderboard
-
-    log = log or (lambda line: None)
-    t1 = time.perf_counter()
-    board = build_leaderboard(model, groups, cache, num_devices, progress=log)
-    seconds = time.perf_counter() - t1
-    files = write_leaderboard(board, workdir)
-    log(f"scored {len(groups)} groups in {seconds:.0f} s; wrote "
-        + ", ".join(str(p) for p in files.values()))
-    return {"eval_seconds": seconds, "summary": summary(board)}

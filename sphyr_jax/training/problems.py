@@ -130,12 +130,6 @@ def _run(key, n: int, lengths: tuple[int, int]) -> jax.Array:
     return (idx >= start) & (idx < start + length)
 
 
-def _pick_lines(key, eligible: jax.Array, count) -> jax.Array:
-    """``count`` distinct eligible entries, uniformly at random."""
-    u = jnp.where(eligible, jax.random.uniform(key, eligible.shape), 2.0)
-    return jnp.argsort(jnp.argsort(u)) < count
-
-
 def _draw(key, weights) -> jax.Array:
     w = jnp.asarray(weights, jnp.float64)
     return jax.random.choice(key, len(weights), p=w / jnp.sum(w))

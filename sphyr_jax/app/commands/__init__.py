@@ -14,6 +14,7 @@ import importlib
 MODULES = (
     "validate",
     "rescore",
+    "report",
     "convert",
     "generate",
     "baselines",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from absl import flags
 
 from sphyr_jax.app import common
@@ -11,6 +13,9 @@ SUMMARY = "Convert a folder of raw SPhyR CSVs into the 16 subject files."
 
 flags.DEFINE_string("raw_dir", None, "Folder of *_SPhyR_2D.csv (or _3D) raw samples.")
 flags.DEFINE_enum("format", "jsonl", ["jsonl", "json"], "Subject file format.")
+flags.DEFINE_bool("skip_unsolvable", False,
+                  "Leave out raw samples with no load or no support cell (named on stderr) "
+                  "instead of stopping.")
 
 FLAGS = flags.FLAGS
 
@@ -21,6 +26,8 @@ def main() -> int:
     raw_dir = common.require("raw_dir", NAME, exists=True)
     output_dir = common.require("output_dir", NAME)
     seed = 42 if FLAGS.seed is None else FLAGS.seed
-    written = convert_raw_dir(raw_dir, output_dir, seed=seed, fmt=FLAGS.format)
+    written = convert_raw_dir(raw_dir, output_dir, seed=seed, fmt=FLAGS.format,
+                              skip_unsolvable=FLAGS.skip_unsolvable,
+                              log=lambda m: print(m, file=sys.stderr))
     print(f"converted {raw_dir} -> {output_dir}: {len(written)} subject files")
     return 0

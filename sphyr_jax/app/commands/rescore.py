@@ -1,4 +1,10 @@
-"""``rescore``: add the physical metrics to every record of a results tree."""
+"""``rescore``: add the physical metrics to every record of a results tree.
+
+Exit status: 0 when every results file was scored and written; 1 when some
+file was skipped (unreadable, corrupt, read-only, a link loop; each is named on
+stderr with the reason and left byte for byte as it was) or none was found; 2
+for a usage mistake (no ``--results_root``, a folder that does not exist).
+"""
 
 from __future__ import annotations
 
@@ -25,8 +31,8 @@ def main() -> int:
                            design_efficiency=FLAGS.design_efficiency, cache=common.cache(),
                            num_devices=FLAGS.num_devices, progress=common.progress(),
                            chunk=FLAGS.chunk, log=lambda m: print(m, file=sys.stderr))
-    if summary.files == 0:
-        print(f"nothing could be read under {root}", file=sys.stderr)
+    if summary.files == 0 and not summary.skipped:
+        print(f"no <model>/<subject>_results.json files under {root}", file=sys.stderr)
         return 1
     if FLAGS.dry_run:
         print("dry run: nothing was written")
@@ -35,5 +41,10 @@ def main() -> int:
     print()
     print(summary.line())
     common.write_json({"rows": summary.leaderboard, "per_file": summary.per_file,
-                       "corrupt": summary.corrupt, "summary": summary.line()})
+                       "skipped": summary.skipped, "invalid": summary.invalid,
+                       "summary": summary.line()})
+    if summary.skipped:
+        print(f"{len(summary.skipped)} file(s) skipped and left untouched (listed above); "
+              "exit status 1", file=sys.stderr)
+        return 1
     return 0

@@ -1,0 +1,71 @@
+"""A whole experiment: train a model, checkpoint it, and put it on the leaderboard.
+
+The top of the training package: it joins the trainer
+(:mod:`~sphyr_jax.training.loop`), checkpoints (:mod:`~sphyr_jax.training.model`)
+and the leaderboard (:mod:`~sphyr_jax.training.leaderboard`), which itself scores
+through :mod:`~sphyr_jax.training.evaluation`.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from collections.abc import Callable, Sequence
+
+from sphyr_jax.io import atomic_write_json
+from sphyr_jax.training.config import TrainConfig
+from sphyr_jax.training.leaderboard import build_leaderboard, summary, write_leaderboard
+from sphyr_jax.training.loop import train
+from sphyr_jax.training.model import save_checkpoint
+
+
+def run_experiment(cfg: TrainConfig, workdir, groups: Sequence = (), cache=None,
+                   log: Callable[[str], None] | None = None,
+                   num_devices: int | None = None) -> dict:
+    """Train, checkpoint, then score the model on every group; writes ``<workdir>/metrics.json``.
+
+    Args:
+        cfg: training configuration.
+        workdir: output folder (``model.eqx``, ``model.json``, ``metrics.json``
+            and, with groups, the leaderboard files of
+            :func:`~sphyr_jax.training.leaderboard.write_leaderboard`).
+        groups: :class:`~sphyr_jax.training.leaderboard.EvalGroup` s (none: no
+            evaluation).
+        cache: optimum cache for scoring.
+        log: optional callable receiving progress lines.
+        num_devices: devices scoring is split over (None: all local).
+
+    Returns:
+        ``{"config", "curve", "train_seconds", "checkpoint"}`` plus, with
+        groups, ``"eval_seconds"`` and ``"summary"`` (see
+        :func:`~sphyr_jax.training.leaderboard.summary`).
+    """
+    log = log or (lambda line: None)
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    model, curve = train(cfg, log=lambda e: log(
+        f"step {e['step']}: loss {e['loss']:.4f} vf {e['volume_fraction']:.3f} "
+        f"carrying {e['carrying']:.2f} ({e['seconds']:.0f} s)"))
+    out = {"config": cfg.as_dict(), "curve": curve, "train_seconds": time.perf_counter() - t0}
+    out["checkpoint"] = str(save_checkpoint(workdir, model, cfg.model).name)
+    atomic_write_json(workdir / "metrics.json", out)
+    if groups:
+        out.update(evaluate_model(model, groups, workdir, cache, log, num_devices))
+        atomic_write_json(workdir / "metrics.json", out)
+    return out
+
+
+def evaluate_model(model, groups: Sequence, workdir, cache=None,
+                   log: Callable[[str], None] | None = None,
+                   num_devices: int | None = None) -> dict:
+    """Leaderboard of a model on groups, written to ``workdir``; returns
+    ``{"eval_seconds", "summary"}`` (see :mod:`sphyr_jax.training.leaderboard`)."""
+    log = log or (lambda line: None)
+    t1 = time.perf_counter()
+    board = build_leaderboard(model, groups, cache, num_devices, progress=log)
+    seconds = time.perf_counter() - t1
+    files = write_leaderboard(board, workdir)
+    log(f"scored {len(groups)} groups in {seconds:.0f} s; wrote "
+        + ", ".join(str(p) for p in files.values()))
+    return {"eval_seconds": seconds, "summary": summary(board)}
