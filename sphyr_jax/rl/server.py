@@ -292,10 +292,12 @@ def create_app(dataset_dir, *, results_root=None, cache: OptimumCache | None = N
     return app
 
 
-def _config(app, host: str, port: int, log_level: str):
+def _config(app, host: str, port: int, log_level: str, own_logging: bool = True):
     import uvicorn
 
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
+    extra = {} if own_logging else {"log_config": None}  # leave the host's logging alone
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                          **extra)
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, lifetime_s: float | None = None,
@@ -320,7 +322,8 @@ class ServerThread:
     """The server on a background thread (tests, benchmarks, notebooks).
 
     Binds ``host:port`` itself (port 0: a free port), starts uvicorn on a
-    daemon thread and waits until it accepts connections.  It stops on
+    daemon thread and waits until it accepts connections; the process's
+    logging configuration is left as it is.  It stops on
     :meth:`stop`, on leaving a ``with`` block, or by itself after ``lifetime_s``.
 
     Example::
@@ -349,7 +352,8 @@ class ServerThread:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        self.server = uvicorn.Server(_config(self.app, self.host, self.port, self.log_level))
+        self.server = uvicorn.Server(_config(self.app, self.host, self.port, self.log_level,
+                                             own_logging=False))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                        name=f"sphyr-env-server-{self.port}", daemon=True)
         self.thread.start()
