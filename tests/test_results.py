@@ -218,10 +218,13 @@ def test_hostile_completions_and_corrupt_files(tmp_path, gpt4o_records, optimum_
     reported = {path for path, _ in summary.skipped}
     assert reported == {str(truncated), str(not_a_list), str(bad_agg)}
     assert len([line for line in logged if line.startswith("skipped")]) == 3
-    # The record without a ground truth is named (file and index): its own field is unusable.
+    # Records whose own fields are unusable are named (file and index) with the reason.
     invalid = [line for line in logged if line.startswith("invalid record")]
-    assert invalid == [f"invalid record: {good} [{len(HOSTILE) + 1}]: ground truth unusable: "
-                       + summary.invalid[0][2].split(": ", 1)[1]]
+    n = len(HOSTILE)
+    assert [(i, reason.split(" ")[0]) for _, i, reason in summary.invalid] == [
+        (n + 1, "ground"), (n + 2, "gravity_dir"), (n + 3, "gravity_dir")]
+    assert invalid == [f"invalid record: {good} [{i}]: {reason}"
+                       for _, i, reason in summary.invalid]
     for path, data in frozen.items():
         assert path.read_bytes() == data  # byte-for-byte untouched
     out = _read(good)

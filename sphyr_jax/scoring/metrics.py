@@ -405,9 +405,9 @@ def score_batch(
 def static_of(items: Sequence[ScoreItem]) -> list[StaticMetrics]:
     """The static metrics of score items (their input grid and load direction)."""
     gravities = []
-    for item in items:  # the physics' direction; an unusable one is left to the default
+    for item in items:  # the physics' direction; an unusable one makes the record invalid
         gravity = _gravity_for(item.gravity_dir, _answer_ndim(item.ground_truth))
-        gravities.append(None if isinstance(gravity, str) else gravity)
+        gravities.append(item.gravity_dir if isinstance(gravity, str) else gravity)
     return static_metrics_batch([item.input_grid for item in items],
                                 [item.completion for item in items],
                                 [item.ground_truth for item in items], gravities)
