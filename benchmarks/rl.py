@@ -5,9 +5,10 @@ each of the 16 subjects in the published order; each completion is the
 dataset answer with 0-6 of its masked cells changed, half of them wrapped in
 prose and a code fence, one in eight not a grid at all) scored by one
 :func:`sphyr_jax.rl.topology_reward` call (a :class:`TopologyReward` with its
-own cache): with an empty optimum cache (64 optima computed) and with the
-optima cached.  Compilation is done by a warm-up call first; figures are
-medians of ``--repeats`` runs.  The reference column, measured in the same
+own cache): with an empty optimum cache (every distinct optimum computed) and
+with the optima cached.  Compilation is done by a warm-up call first; figures
+are medians of ``--repeats`` runs, each timed call starting after a garbage
+collection.  The reference column, measured in the same
 run: the published method (``reference_method.py``, NumPy/SciPy), which
 re-runs the whole optimiser for every completion, timed on one valid
 completion of each subject and taken per completion; its scores must equal
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import pathlib
 import random
@@ -174,10 +176,12 @@ def bench_reward(dataset_dir, repeats: int) -> dict:
     cold, warm, rewards, computed = [], [], None, 0
     for _ in range(repeats):
         reward = TopologyReward()
+        gc.collect()  # each timed call starts without the previous one's garbage
         t0 = time.perf_counter()
         got = reward(**columns)
         cold.append(time.perf_counter() - t0)
         computed = reward.cache.computed  # one per distinct sample
+        gc.collect()
         t0 = time.perf_counter()
         again = reward(**columns)
         warm.append(time.perf_counter() - t0)

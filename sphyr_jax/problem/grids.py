@@ -127,7 +127,7 @@ def _from_nested(value) -> Grid | None:
     if not isinstance(value, (list, tuple)) or not value:
         return None
     if all(isinstance(row, (list, tuple)) for row in value):
-        return [[_cell_text(t) for t in row] for row in value]
+        return [[t.strip() if type(t) is str else _cell_text(t) for t in row] for row in value]
     if all(isinstance(row, str) for row in value):
         return [_split_row(row) for row in value]
     return None

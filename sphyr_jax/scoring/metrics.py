@@ -10,7 +10,8 @@ implementation; see :class:`StructuralMetrics`.
 :func:`score_batch` scores many completions at once: analyses are batched per
 grid shape; each distinct sample (answer, mask, direction) is read, its answer
 analysed and its optimum looked up once per call however many completions
-share it, and missing optima are computed in one batch (or read from an
+share it, identical designs of a sample are analysed once, and missing optima
+are computed in one batch (or read from an
 :class:`~sphyr_jax.topopt.optimum.OptimumCache`).
 
 The yardstick (``optimum=``): ``"reference"`` (default) reproduces the
@@ -350,13 +351,18 @@ def score_batch(
         owner = np.array([local[prepared[i].sample] for i in idx])
         cases = [s.case for s in distinct]
         stacked = stack_load_cases(cases)
-        n = len(idx)
+        # Identical designs of one sample are analysed once.
+        first: dict = {}
+        which = np.array([first.setdefault((prepared[i].sample, prepared[i].out_rho.tobytes()),
+                                           len(first)) for i in idx])
+        unique = np.unique(which, return_index=True)[1]  # first item of each design
+        n = len(unique)
         # Completions and dataset answers in one batched call.
         both = analyze_batch(
-            jax.tree.map(lambda a, owner=owner: np.concatenate([a[owner], a]), stacked),
-            np.stack([prepared[i].out_rho for i in idx] + [s.gt_rho for s in distinct]),
+            jax.tree.map(lambda a, own=owner[unique]: np.concatenate([a[own], a]), stacked),
+            np.stack([prepared[idx[j]].out_rho for j in unique] + [s.gt_rho for s in distinct]),
             num_devices)
-        out = jax.tree.map(lambda a, n=n: a[:n], both)
+        out = jax.tree.map(lambda a, n=n, which=which: a[:n][which], both)
         gt = jax.tree.map(lambda a, n=n, owner=owner: a[n:][owner], both)
         if progress is not None:
             progress("analysis", len(idx), len(idx))
