@@ -89,9 +89,14 @@ class SPhyRObservation(Observation):
 class BatchingScorer:
     """One scoring worker shared by every session; overlapping requests are scored together.
 
+    Requests that arrive while a batch is being scored form the next batch;
+    while requests overlap, the first of a batch also waits up to ``window_s``
+    for company (a lone session's requests are scored at once).
+
     Args:
         cache: the optimum cache (None: a fresh in-memory one).
-        window_s: how long the first request of a batch waits for company.
+        window_s: how long the first request of a batch waits for company
+            while requests overlap.
         max_batch: most completions per scoring call.
         num_devices: devices a batch is split over.
     """
@@ -132,9 +137,12 @@ class BatchingScorer:
 
     async def _consume(self, queue: asyncio.Queue) -> None:
         loop = asyncio.get_running_loop()
+        crowded = False  # did the last batch have company?
         while True:
             batch = [await queue.get()]
-            deadline = loop.time() + self.window_s
+            # A lone session is scored at once; when requests have been
+            # overlapping, the first of a batch waits up to the window for more.
+            deadline = loop.time() + (self.window_s if crowded else 0.0)
             while len(batch) < self.max_batch:
                 if not queue.empty():
                     batch.append(queue.get_nowait())
@@ -146,6 +154,7 @@ class BatchingScorer:
                     batch.append(await asyncio.wait_for(queue.get(), remaining))
                 except asyncio.TimeoutError:
                     break
+            crowded = len(batch) > 1 or not queue.empty()
             try:
                 results = await loop.run_in_executor(self._worker, self._score,
                                                      [item for item, _ in batch])
