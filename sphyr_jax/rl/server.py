@@ -12,10 +12,10 @@ beside it.
 
 Each WebSocket session gets its own :class:`SPhyREnvironment` (its own sample
 cursor and options); they share the samples (:class:`SampleLibrary`) and one
-:class:`BatchingScorer`, which gathers the steps of all sessions arriving
-within a few milliseconds of each other (and everything that arrives while a
-batch is being scored) into one batched scoring call on one worker thread, so
-the event loop never waits on the physics.  A bad request (an unknown
+:class:`BatchingScorer`, which scores on one worker thread, so the event loop
+never waits on the physics: the steps of all sessions that arrive while a
+batch is being scored form the next batch, and while steps overlap the first
+of a batch waits a few milliseconds for company.  A bad request (an unknown
 subject, an index out of range, a step with no episode, a malformed action)
 is answered with an error and the session and the server carry on.
 

@@ -19,8 +19,8 @@ flags.DEFINE_string("env_subject", "1_random_cell_easy",
                     "Subject a new session starts on (clients choose with reset(subject=...)).")
 flags.DEFINE_float("lifetime_s", 0.0, "Stop by itself after this many seconds (0: run until "
                    "interrupted).", lower_bound=0.0)
-flags.DEFINE_float("batch_window_ms", 2.0, "How long a step waits for other sessions' steps "
-                   "to be scored with it.", lower_bound=0.0)
+flags.DEFINE_float("batch_window_ms", 2.0, "While sessions' steps overlap, how long the first "
+                   "step of a batch waits for others to be scored with it.", lower_bound=0.0)
 
 FLAGS = flags.FLAGS
 
