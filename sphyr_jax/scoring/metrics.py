@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from sphyr_jax.fem import fea
+from sphyr_jax.fem.solvers import result_name
 from sphyr_jax.problem.grids import (
     InvalidProblemError,
     densities_from_grid,
@@ -42,7 +43,7 @@ from sphyr_jax.problem.loadcase import (
     with_budget,
 )
 from sphyr_jax.sharding import batch_call
-from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
+from sphyr_jax.topopt.optimum import OptimumCache, cache_for
 
 STRUCTURAL_METRIC_KEYS = (
     "topology_score",
@@ -60,6 +61,10 @@ class StructuralMetrics:
 
     Ratios are in [0, 1] and higher is better (``structural_efficiency_raw``
     is unclipped); compliances are raw and lower is better.
+    ``solver_result`` names how the completion's solve ended
+    (:data:`sphyr_jax.fem.solvers.RESULTS`: ``"successful"``,
+    ``"max_iterations_reached"``, ``"nonfinite_input"``, ``"no_load_path"``,
+    ``"breakdown"``); None when nothing was solved (not physically valid).
     """
 
     physically_valid: bool = False
@@ -80,6 +85,7 @@ class StructuralMetrics:
     max_displacement: float = 0.0
     unfilled_cells: int = 0
     unparsable_cells: int = 0
+    solver_result: str | None = None
 
     def as_dict(self) -> dict:
         """JSON-ready fields; non-finite numbers become None."""
@@ -202,7 +208,7 @@ def score_batch(
         ValueError: ``optimum`` is unknown or differs from the cache's.
     """
     fea.require_x64()
-    cache = _cache_for(cache, optimum, num_devices)
+    cache = cache_for(cache, optimum, num_devices)
     prepared = [_prepare(item) for item in items]
     results = [StructuralMetrics() for _ in items]
     by_shape: dict[tuple, list[int]] = {}
@@ -244,6 +250,7 @@ def score_batch(
             m.optimal_compliance = c_opt
             m.load_carrying = bool(out.load_carrying[j])
             m.max_displacement = float(out.max_displacement[j])
+            m.solver_result = result_name(out.result[j])
             m.volume_fraction = vf
             m.ground_truth_volume_fraction = vf_gt
             m.volume_ratio = vf / vf_gt if vf_gt > 0 else 0.0
@@ -260,15 +267,6 @@ def score_batch(
             m.material_efficiency = min(1.0, vf_gt / vf) if vf > 0 else 0.0
             m.topology_score = m.structural_efficiency * m.material_efficiency
     return results
-
-
-def _cache_for(cache: OptimumCache | None, optimum, num_devices) -> OptimumCache:
-    """The given cache (checked against ``optimum``) or a fresh one for it."""
-    if cache is None:
-        return OptimumCache(optimum=optimum or "reference", num_devices=num_devices)
-    if optimum is not None and optimum_name(optimum_options(optimum)) != cache.optimum:
-        raise ValueError(f"optimum={optimum!r} but the cache holds {cache.optimum!r} optima")
-    return cache
 
 
 def get_structural_metrics(

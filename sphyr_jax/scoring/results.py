@@ -29,7 +29,7 @@ from sphyr_jax.io import CorruptFileError, atomic_write_json, read_json
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY, gravity_from_folder
 from sphyr_jax.scoring.metrics import STRUCTURAL_METRIC_KEYS, ScoreItem, score_batch
 from sphyr_jax.sharding import device_count
-from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
+from sphyr_jax.topopt.optimum import OptimumCache, cache_for
 
 RESULTS_SUFFIX = "_results.json"
 AGGREGATED_SUFFIX = "_aggregated_results.json"
@@ -211,12 +211,9 @@ def rescore_tree(
         ValueError: ``optimum`` is unknown or differs from the cache's.
     """
     start = time.perf_counter()
-    if cache is None:
-        cache = OptimumCache(optimum=optimum or "reference", num_devices=num_devices)
-    elif optimum is not None and optimum_name(optimum_options(optimum)) != cache.optimum:
-        raise ValueError(f"optimum={optimum!r} but the cache holds {cache.optimum!r} optima")
+    cache = cache_for(cache, optimum, num_devices)
     hits0, computed0 = cache.hits, cache.computed
-    summary = RescoreSummary(devices=device_count(num_devices), optimum=cache.optimum)
+    summary = RescoreSummary(devices=device_count(num_devices), optimum=cache.yardstick)
     loaded: list[tuple[ResultFile, list[dict]]] = []
     for rf in find_result_files(results_root):
         try:
@@ -227,11 +224,11 @@ def rescore_tree(
                 log(f"skipped (left untouched): {exc}")
     for rf, _ in loaded:
         previous = previous_optimum(rf)
-        if previous is not None and previous != cache.optimum:
+        if previous is not None and previous != cache.yardstick:
             summary.switched.append((str(rf.path), previous))
             if log is not None:
                 log(f"{rf.path}: its figures came from the {previous!r} yardstick; "
-                    f"rescoring with {cache.optimum!r}")
+                    f"rescoring with {cache.yardstick!r}")
     flat = [(k, rec) for k, (rf, recs) in enumerate(loaded) for rec in recs]
     items = [_item(rec, loaded[k][0].gravity_dir) for k, rec in flat]
     for lo in range(0, len(items), max(1, chunk)):
@@ -267,7 +264,7 @@ def rescore_tree(
         atomic_write_json(rf.path, records, indent=2, allow_nan=True)
         summary.written.append(str(rf.path))
         if existing is not False:
-            atomic_write_json(agg_path, aggregate(records, existing, cache.optimum), indent=2)
+            atomic_write_json(agg_path, aggregate(records, existing, cache.yardstick), indent=2)
             summary.written.append(str(agg_path))
     summary.leaderboard = leaderboard(summary.per_file)
     summary.optimisations = cache.computed - computed0
