@@ -3,13 +3,14 @@
 Solves the converted SPhyR-3D answers (easy and hard ground truths of
 ``../shared/sphyr_reference/raw_data_3d``, else of the embedded
 ``data/dataset_3d/raw``, else random 0/1 voxel designs), tiled to each batch
-size, with one compiled :func:`sphyr_jax.fem.multigrid.compliance` call per batch
-on the local default device; reports the median of warm repetitions (compile
-time separately) next to an assembly + ``scipy.sparse.linalg.spsolve`` of the
-same systems (prebuilt COO indices -> CSC, the free-DOF block, one sample at a
-time).  SciPy is timed on up to ``--scipy_samples`` distinct samples per run
-and its per-solve time applied to the batch (it has no batching).  Both give
-the same compliances (maximum relative difference printed and checked).
+size, with one :func:`sphyr_jax.compliance` call per batch (the multigrid CG
+solver, :class:`sphyr_jax.Multigrid`) on the local default device; reports the
+median of warm repetitions (compile time separately) next to an assembly +
+``scipy.sparse.linalg.spsolve`` of the same systems (prebuilt COO indices ->
+CSC, the free-DOF block, one sample at a time).  SciPy is timed on up to
+``--scipy_samples`` distinct samples per run and its per-solve time applied to
+the batch (it has no batching).  Both give the same compliances (maximum
+relative difference printed and checked).
 
 Usage::
 
@@ -36,9 +37,10 @@ if str(REPO) not in sys.path:
 
 import sphyr_jax  # noqa: E402
 from sphyr_jax.data.convert import list_raw_files, read_raw_csv_3d  # noqa: E402
-from sphyr_jax.fem import multigrid, structured  # noqa: E402
+from sphyr_jax.fem import structured  # noqa: E402
+from sphyr_jax.fem.solvers import Multigrid  # noqa: E402
 from sphyr_jax.problem.grids import densities_from_grid  # noqa: E402
-from sphyr_jax.problem.loadcase import load_case_from_grid  # noqa: E402
+from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases  # noqa: E402
 
 SHARED_RAW = REPO.parent / "shared" / "sphyr_reference" / "raw_data_3d"
 EMBEDDED_RAW = REPO / "data" / "dataset_3d" / "raw"
@@ -46,7 +48,8 @@ AGREEMENT_RTOL = 1e-8
 
 
 def problems(seed: int = 0):
-    """(moduli (10,10,10,N), force (n,N), free (n,N), source description)."""
+    """(load cases (N), densities (N,10,10,10), moduli (10,10,10,N), force (n,N),
+    free (n,N), source description)."""
     for folder in (SHARED_RAW, EMBEDDED_RAW):
         if folder.is_dir() and any(folder.glob("*_SPhyR_3D.csv")):
             samples = [read_raw_csv_3d(p) for p in list_raw_files(folder, dim=3)]
@@ -67,7 +70,7 @@ def problems(seed: int = 0):
     moduli = np.asarray(sphyr_jax.simp_moduli(jnp.asarray(rho)))
     force = np.stack([c.force for c in cases], -1)
     free = np.stack([c.free_dofs for c in cases], -1).astype(np.float64)
-    return moduli, force, free, source
+    return stack_load_cases(cases), np.moveaxis(rho, -1, 0), moduli, force, free, source
 
 
 def scipy_compliance(moduli, force, free):
@@ -92,10 +95,10 @@ def tile(a, batch):
 
 
 def run(batches=(1, 16, 64), repeats=5, tol=1e-10, scipy_samples=8, **mg_options):
-    """Print and return the table; ``mg_options`` go to :class:`MGOptions`."""
+    """Print and return the table; ``mg_options`` go to :class:`sphyr_jax.Multigrid`."""
     sphyr_jax.enable_x64()
-    moduli, force, free, source = problems()
-    options = multigrid.MGOptions(tol=tol, **mg_options)
+    cases, rho, moduli, force, free, source = problems()
+    solver = Multigrid(tol=tol, **mg_options)
     n = moduli.shape[-1]
     ref, t_scipy = [], []
     for i in range(min(scipy_samples, n)):
@@ -103,30 +106,33 @@ def run(batches=(1, 16, 64), repeats=5, tol=1e-10, scipy_samples=8, **mg_options
         ref.append(c)
         t_scipy.append(dt)
     per_scipy = statistics.median(t_scipy)
-    print(f"device {jax.devices()[0].device_kind}, {source}; {options}; SciPy "
+    print(f"device {jax.devices()[0].device_kind}, {source}; {solver}; SciPy "
           f"{per_scipy * 1e3:.0f} ms per assemble + spsolve (median of {len(t_scipy)})")
     print(f"{'batch':>6} {'compile s':>10} {'MG-CG solves/s':>15} {'iters (med/max)':>16} "
           f"{'SciPy solves/s':>15} {'speed-up':>9} {'max rel diff':>13}")
     rows = []
     for batch in batches:
-        args = [jnp.asarray(tile(a, batch)) for a in (moduli, force, free)]
+        idx = np.arange(batch) % n
+        case_b = jax.tree.map(lambda a, idx=idx: np.asarray(a)[idx], cases)
+        rho_b = rho[idx]
         t0 = time.perf_counter()
-        c, conv, its = multigrid.compliance(*args, options=options)
+        c = sphyr_jax.compliance(case_b, rho_b, solver=solver)
         c.block_until_ready()
         compile_s = time.perf_counter() - t0
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            c, conv, its = multigrid.compliance(*args, options=options)
+            c = sphyr_jax.compliance(case_b, rho_b, solver=solver)
             c.block_until_ready()
             times.append(time.perf_counter() - t0)
         rate = batch / statistics.median(times)
+        sol = sphyr_jax.solve(case_b, rho_b, solver=solver)  # iterations (not timed)
         c = np.asarray(c)
         k = min(batch, len(ref))
         diff = float(np.max(np.abs(c[:k] / np.asarray(tile(np.array(ref), batch)[:k]) - 1)))
-        if diff > AGREEMENT_RTOL or not bool(np.all(conv)):
-            raise SystemExit(f"disagreement with SciPy: {diff:.2e}, converged {np.asarray(conv)}")
-        its = np.asarray(its)
+        if diff > AGREEMENT_RTOL or not bool(np.all(sol.converged)):
+            raise SystemExit(f"disagreement with SciPy: {diff:.2e}, results {sol.result}")
+        its = np.asarray(sol.iterations)
         row = (batch, compile_s, rate, int(np.median(its)), int(its.max()), 1 / per_scipy,
                rate * per_scipy, diff)
         rows.append(row)
@@ -141,10 +147,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tol", type=float, default=1e-10)
     parser.add_argument("--scipy_samples", type=int, default=8)
-    parser.add_argument("--smooth", type=int, default=multigrid.MGOptions.smooth)
-    parser.add_argument("--omega", type=float, default=multigrid.MGOptions.omega)
-    parser.add_argument("--max_coarse_dofs", type=int,
-                        default=multigrid.MGOptions.max_coarse_dofs)
+    parser.add_argument("--smooth", type=int, default=Multigrid.smooth)
+    parser.add_argument("--omega", type=float, default=Multigrid.omega)
+    parser.add_argument("--max_coarse_dofs", type=int, default=Multigrid.max_coarse_dofs)
     args = parser.parse_args()
     run(tuple(int(b) for b in args.batches.split(",")), args.repeats, args.tol,
         args.scipy_samples, smooth=args.smooth, omega=args.omega,

@@ -35,7 +35,7 @@ if str(REPO) not in sys.path:  # running as a script from anywhere
     sys.path.insert(0, str(REPO))
 
 import sphyr_jax  # noqa: E402
-from sphyr_jax.fem import fea, mesh  # noqa: E402
+from sphyr_jax.fem import elements, fea, structured  # noqa: E402
 from sphyr_jax.problem.grids import densities_from_grid  # noqa: E402
 from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases  # noqa: E402
 
@@ -107,17 +107,17 @@ class SparseBaseline:
     """COO -> CSC assembly and ``spsolve`` on the free DOFs, one sample at a time."""
 
     def __init__(self, shape, penal: float = 3.0):
-        m = mesh.get_mesh(*shape)
-        self.n = m.n_dofs
-        self.ke = mesh.element_stiffness().ravel()
-        edofs = m.edofs
+        grid = structured.get_grid(tuple(shape))
+        self.n = grid.n_dofs
+        self.ke = elements.element_stiffness(2).ravel()
+        edofs = structured.element_dofs(grid)
         self.i_k = np.kron(edofs, np.ones((8, 1), dtype=np.int64)).ravel()
         self.j_k = np.kron(edofs, np.ones((1, 8), dtype=np.int64)).ravel()
         self.penal = penal
 
     def compliance(self, densities: np.ndarray, force: np.ndarray, free: np.ndarray) -> float:
         rho = np.clip(densities.ravel(), 0.0, 1.0)
-        moduli = mesh.EMIN + rho**self.penal * (mesh.E0 - mesh.EMIN)
+        moduli = elements.EMIN + rho**self.penal * (elements.E0 - elements.EMIN)
         values = (self.ke[None, :] * moduli[:, None]).ravel()
         k = scipy.sparse.coo_matrix((values, (self.i_k, self.j_k)),
                                     shape=(self.n, self.n)).tocsc()

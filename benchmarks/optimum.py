@@ -2,7 +2,7 @@
 
 (The default ``reference`` yardstick is timed side by side with the published
 method by ``benchmarks/yardstick.py``.)  Runs the strong search,
-:func:`sphyr_jax.topopt.optimum.reference_optimum_batch`, on the 100 samples of
+:func:`sphyr_jax.topopt.strong.strong_optimum_batch`, on the 100 samples of
 the stored GPT-4o ``full_easy`` results: once cold (compilation included) and
 then warm (median of ``--repeats``), in a fresh process with one XLA CPU
 device per core unless ``XLA_FLAGS`` says otherwise.  Checks the optima
@@ -44,14 +44,15 @@ def run(samples: int = 100, repeats: int = 2, num_devices: int | None = None,
 
     from sphyr_jax import enable_x64
     from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
-    from sphyr_jax.topopt.optimum import DEFAULT_OPTIONS, reference_optimum_batch
+    from sphyr_jax.topopt.options import DEFAULT_STRONG
+    from sphyr_jax.topopt.strong import strong_optimum_batch
 
     enable_x64()
     records = json.loads(pathlib.Path(data).read_text())[:samples]
     cases = [load_case_from_grid(r["ground_truth"], r["prompt"]) for r in records]
     batch = stack_load_cases(cases)
     stored = np.array([r["optimal_compliance"] for r in records], np.float64)
-    options = dataclasses.replace(DEFAULT_OPTIONS, num_devices=num_devices)
+    options = dataclasses.replace(DEFAULT_STRONG, num_devices=num_devices)
 
     def once():
         stages = {}
@@ -61,7 +62,7 @@ def run(samples: int = 100, repeats: int = 2, num_devices: int | None = None,
             if done >= total:
                 stages[stage] = time.perf_counter() - t0
 
-        res = reference_optimum_batch(batch, options=options, progress=progress)
+        res = strong_optimum_batch(batch, options=options, progress=progress)
         return time.perf_counter() - t0, res, stages
 
     cold, res, _ = once()

@@ -3,7 +3,7 @@
 Prints one table, with the device named:
 
 * FEA compliance solves/s at batch 1/64/1024/8192 (``fea_throughput.py``),
-* reference optima per second on 100 stored samples (``optimum.py``),
+* strong-search optima per second on 100 stored samples (``optimum.py``),
 * rescore records/s: a first run (cold compile, optima computed) and a second
   run of the same tree (persistent compilation cache and optimum cache warm),
 * validate full_easy/20 wall time: cold compile, then warm compilation cache
@@ -167,7 +167,7 @@ def format_table(report: dict) -> str:
     per_record = f"{ref_s:.2f}" if ref_s else ""
     opt = report.get("optimum")
     if opt:
-        row("strong optima/s (100 samples, warm)", f"{opt['optima_per_s']:.2f}",
+        row("strong-search optima/s (100 samples, warm)", f"{opt['optima_per_s']:.2f}",
             f"{1 / ref_s:.2f}" if ref_s else "")
         row("  cold (compile included), s", f"{opt['cold_s']:.1f}")
         row("  mean ratio to the stored optimum", f"{opt['mean_ratio_to_reference']:.4f}",

@@ -86,7 +86,7 @@ def _ours(records, optimum: str, num_devices, work: pathlib.Path) -> tuple[float
         root = work / f"{optimum}-{run}"
         path = _tree(records, root)
         t0 = time.perf_counter()
-        rescore_tree(root, cache=OptimumCache(optimum=optimum, num_devices=num_devices),
+        rescore_tree(root, cache=OptimumCache(yardstick=optimum, num_devices=num_devices),
                      num_devices=num_devices)
         times.append(time.perf_counter() - t0)
     return times[0], times[1], json.loads(path.read_text())

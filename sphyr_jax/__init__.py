@@ -7,11 +7,11 @@ the next process.  Importing this package never changes JAX's global
 configuration.
 """
 
+from sphyr_jax.fem.elements import E0, EMIN, NU, element_stiffness
 from sphyr_jax.fem.fea import (
     SINGULARITY_RATIO,
     Analysis,
     Solution,
-    Solver,
     analyze,
     compliance,
     dense_stiffness,
@@ -19,8 +19,16 @@ from sphyr_jax.fem.fea import (
     simp_moduli,
     solve,
 )
-from sphyr_jax.fem.mesh import E0, EMIN, NU, element_stiffness, get_mesh
-from sphyr_jax.fem.multigrid import MGOptions
+from sphyr_jax.fem.solvers import (
+    CG,
+    RESULTS,
+    Banded,
+    Dense,
+    Multigrid,
+    Solver,
+    default_solver,
+    result_name,
+)
 from sphyr_jax.problem.grids import (
     GridReport,
     InvalidProblemError,
@@ -54,61 +62,48 @@ from sphyr_jax.scoring.static import (
     static_metrics_batch,
 )
 from sphyr_jax.scoring.validation import validate_records
-from sphyr_jax.topopt.optimum import (
-    OPTIMA,
-    OptimumCache,
-    OptimumOptions,
-    OptimumResult,
-    binarize,
-    optimum_batch,
-    reference_optimum,
-    reference_optimum_batch,
-)
+from sphyr_jax.topopt.budget import binarize
+from sphyr_jax.topopt.optimum import OptimumCache, optimum, optimum_batch
+from sphyr_jax.topopt.options import YARDSTICKS, ReferenceOptions, StrongOptions
+from sphyr_jax.topopt.result import OptimumResult
 from sphyr_jax.topopt.simp import SimpOptions, apply_filter, optimize
-from sphyr_jax.topopt.yardstick import ReferenceOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Analysis",
+    "Banded",
+    "CG",
+    "CompletionMetrics",
+    "Dense",
     "E0",
     "EMIN",
-    "NU",
-    "OPTIMA",
-    "SINGULARITY_RATIO",
-    "STATIC_METRIC_KEYS",
-    "STRUCTURAL_METRIC_KEYS",
-    "Analysis",
-    "CompletionMetrics",
     "GridReport",
     "InvalidProblemError",
     "LoadCase",
-    "MGOptions",
+    "Multigrid",
+    "NU",
     "OptimumCache",
-    "OptimumOptions",
     "OptimumResult",
+    "RESULTS",
     "ReferenceOptions",
+    "SINGULARITY_RATIO",
+    "STATIC_METRIC_KEYS",
+    "STRUCTURAL_METRIC_KEYS",
     "ScoreItem",
     "SimpOptions",
     "Solution",
     "Solver",
     "StaticMetrics",
+    "StrongOptions",
     "StructuralMetrics",
+    "YARDSTICKS",
     "analyze",
     "apply_filter",
-    "binarize",
-    "get_structural_metrics",
-    "optimize",
-    "optimum_batch",
-    "reference_optimum",
-    "reference_optimum_batch",
-    "rescore_tree",
-    "score_batch",
-    "score_records",
-    "static_metrics",
-    "static_metrics_batch",
-    "validate_records",
     "as_grid",
+    "binarize",
     "compliance",
+    "default_solver",
     "dense_stiffness",
     "densities_from_grid",
     "element_stiffness",
@@ -117,13 +112,23 @@ __all__ = [
     "enable_x64",
     "extract_grid",
     "format_design",
-    "get_mesh",
+    "get_structural_metrics",
     "gravity_from_folder",
     "grid_to_text",
     "index_load_case",
     "load_case_from_grid",
+    "optimize",
+    "optimum",
+    "optimum_batch",
     "require_x64",
+    "rescore_tree",
+    "result_name",
+    "score_batch",
+    "score_records",
     "simp_moduli",
     "solve",
     "stack_load_cases",
+    "static_metrics",
+    "static_metrics_batch",
+    "validate_records",
 ]

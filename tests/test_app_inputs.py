@@ -282,7 +282,8 @@ def test_readme_python_blocks_run(capsys):
     text = (REPO / "README.md").read_text()
     blocks = re.findall(r"^```python\n(.*?)^```$", text, re.S | re.M)
     assert blocks
+    namespace = {"__name__": "__readme__"}  # one session, top to bottom, as a reader runs it
     for block in blocks:
-        exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})
+        exec(compile(block, "README.md", "exec"), namespace)
     printed = capsys.readouterr().out
     assert "True" in printed

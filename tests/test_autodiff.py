@@ -200,9 +200,10 @@ def test_cg_non_convergence_is_reported_not_silent(samples):
     """A CG bounded far below what it needs says so: inf compliance, NaN derivatives."""
     cases, rho = samples
     case, x = index_load_case(cases, 0), rho[0]
-    starved = sj.Solver("cg", max_iter=5)
+    starved = sj.CG(max_iter=5)
     sol = sj.solve(case, x, solver=starved)
     assert not bool(sol.converged)
+    assert sj.result_name(sol.result) == "max_iterations_reached"
     assert np.isposinf(float(sol.compliance))
     assert np.isposinf(float(sj.compliance(case, x, solver=starved)))
     g = jax.grad(lambda z: sj.compliance(case, z, solver=starved))(x)

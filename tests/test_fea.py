@@ -27,7 +27,8 @@ import pytest
 import scipy.linalg
 from jax.test_util import check_grads
 
-from sphyr_jax.fem import fea, mesh
+from sphyr_jax.fem import elements, fea, structured
+from sphyr_jax.fem.solvers import RESULTS
 from sphyr_jax.problem.grids import InvalidProblemError, densities_from_grid, extract_grid
 from sphyr_jax.problem.loadcase import (
     LoadCase,
@@ -68,7 +69,7 @@ def _sum_compliance(load_case, densities, solver):
     (_, sol), g_solve = jax.value_and_grad(via_solve, has_aux=True)(
         jax.lax.stop_gradient(densities))
     return jnp.sum(c), {"compliance": c, "solve_compliance": sol.compliance,
-                        "converged": sol.converged, "solve_grad": g_solve}
+                        "converged": sol.converged, "result": sol.result, "solve_grad": g_solve}
 
 
 # Batch: (sum, aux dict), gradient of the sum of compliance.
@@ -316,6 +317,11 @@ def test_ill_posed_samples_in_a_batch(reference, solver_runs):
     c_ref, g_ref = solver_runs["banded"]["compliance"], solver_runs["banded"]["grad"]
     assert np.isposinf(float(total))
     assert np.all(np.isposinf(c[1:4]))
+    # Each failure names its cause: NaN densities, then no load, then no support.
+    result = np.asarray(aux["result"])
+    assert result[1] == RESULTS.nonfinite_input
+    assert result[2] == RESULTS.no_load_path and result[3] == RESULTS.no_load_path
+    assert np.all(result[np.r_[0, 4 : len(c)]] == RESULTS.successful)
     np.testing.assert_allclose(np.asarray(aux["solve_compliance"]), c, rtol=1e-13)
     for grad in (g, g_solve):
         assert np.all(np.isfinite(grad))
@@ -476,7 +482,7 @@ def test_broadcast_batch_axes(reference):
 
 
 def test_element_stiffness_closed_form():
-    ke = mesh.element_stiffness()
+    ke = elements.element_stiffness(2)
     assert ke.shape == (8, 8)
     np.testing.assert_allclose(ke, KE, rtol=0, atol=1e-14)
     np.testing.assert_allclose(ke, ke.T, rtol=0, atol=1e-16)
@@ -492,13 +498,13 @@ def test_element_stiffness_closed_form():
     for mode in (tx, ty, rot):
         np.testing.assert_allclose(ke @ mode, 0.0, atol=1e-14)
     # Other Poisson ratios too.
-    np.testing.assert_allclose(mesh.element_stiffness(0.25), ke_88_line(0.25), atol=1e-14)
+    np.testing.assert_allclose(elements.element_stiffness(2, 0.25), ke_88_line(0.25), atol=1e-14)
 
 
 def test_mesh_connectivity():
-    m = mesh.get_mesh(6, 9)
-    np.testing.assert_array_equal(m.edofs, _edofs(6, 9))
-    assert m.n_dofs == 2 * 7 * 10
+    grid = structured.get_grid((6, 9))
+    np.testing.assert_array_equal(structured.element_dofs(grid), _edofs(6, 9))
+    assert grid.n_dofs == 2 * 7 * 10
 
 
 # ----------------------------------------------------------------------------

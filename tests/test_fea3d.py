@@ -19,15 +19,17 @@ from conftest import REPO, SHARED, report, require_shared
 
 import sphyr_jax as sj
 from sphyr_jax.data.convert import read_raw_csv_3d
-from sphyr_jax.fem import elements, mesh, multigrid, structured
+from sphyr_jax.fem import elements, multigrid_levels, structured
 from sphyr_jax.fem.fea import dense_stiffness, simp_moduli
+from sphyr_jax.fem.linear_solve import solve_system, system_compliance
+from sphyr_jax.fem.solvers import RESULTS, Multigrid
 from sphyr_jax.problem.grids import densities_from_grid
 from sphyr_jax.problem.loadcase import index_load_case, load_case_from_grid, stack_load_cases
 
 RAW_3D = SHARED / "raw_data_3d"
 NU = 0.3
 EMIN = 1e-9
-TIGHT = multigrid.MGOptions(tol=1e-12, max_iter=300)
+TIGHT = Multigrid(tol=1e-12, max_iter=300)
 
 
 # ----------------------------------------------------------------------------
@@ -135,12 +137,24 @@ def physical_to_printed(a):
 # Elements and structured grids.
 
 
-def test_q4_element_is_bit_identical_to_mesh():
-    assert np.array_equal(elements.get_element(2).ke, mesh.element_stiffness())
-    assert elements.get_element(2).node_offsets == mesh.LOCAL_NODE_OFFSETS
+def _q4_element_dofs(nely, nelx):
+    """2D element DOFs written from the conventions: nodes row-major, element nodes
+    top-left, top-right, bottom-right, bottom-left, DOFs (x, y) per node."""
+    out = []
+    for r in range(nely):
+        for c in range(nelx):
+            tl = r * (nelx + 1) + c
+            nodes = (tl, tl + 1, tl + nelx + 2, tl + nelx + 1)
+            out.append([2 * n + k for n in nodes for k in (0, 1)])
+    return np.array(out)
+
+
+def test_q4_element_follows_the_2d_conventions():
+    assert elements.get_element(2).node_offsets == ((0, 0), (0, 1), (1, 1), (1, 0))
+    assert np.array_equal(elements.get_element(2).ke, elements.element_stiffness(2))
     for shape in ((3, 5), (10, 10)):
         grid = structured.get_grid(shape)
-        assert np.array_equal(structured.element_dofs(grid), mesh.element_dofs(*shape))
+        assert np.array_equal(structured.element_dofs(grid), _q4_element_dofs(*shape))
 
 
 def test_h8_element_equals_independent_physical_element():
@@ -328,11 +342,12 @@ def test_mgcg_equals_direct_solve_on_random_designs_any_size(cells, rng):
     grid, moduli, free_lat, force_lat = _random_problem(rng, cells, batch=3, solid=solid)
     free = np.asarray(structured.from_lattice(grid, jnp.asarray(free_lat)))
     force = np.asarray(structured.from_lattice(grid, jnp.asarray(force_lat)))
-    options = multigrid.MGOptions(tol=1e-12, max_iter=600, max_coarse_dofs=60)
-    levels = multigrid.plan(cells, options.max_coarse_dofs)
+    options = Multigrid(tol=1e-12, max_iter=600, max_coarse_dofs=60)
+    levels = multigrid_levels.plan(cells, options.max_coarse_dofs)
     assert len(levels) >= 3  # odd sizes are padded while coarsening
-    u, conv, its = multigrid.solve(jnp.asarray(moduli), jnp.asarray(free), jnp.asarray(force),
-                                   options=options)
+    u, result, its = solve_system(jnp.asarray(moduli), jnp.asarray(free), jnp.asarray(force),
+                                  options)
+    conv = np.asarray(result) == RESULTS.successful
     ref, energy = _direct(grid, moduli, free, force)
     assert bool(np.all(conv))
     _assert_matches_direct(np.asarray(u), ref, energy, force)
@@ -346,24 +361,24 @@ def test_mgcg_batch_vmap_and_gradients(rng):
     moduli = moduli + rng.random(moduli.shape) * 0.3  # grey designs
     free = jnp.asarray(structured.from_lattice(grid, jnp.asarray(free_lat)))
     force = jnp.asarray(structured.from_lattice(grid, jnp.asarray(force_lat)))
-    opts = multigrid.MGOptions(tol=1e-13, max_iter=300, max_coarse_dofs=60)
+    opts = Multigrid(tol=1e-13, max_iter=300, max_coarse_dofs=60)
     e = jnp.asarray(moduli)
-    c_batch, conv, _ = multigrid.compliance(e, force, free, options=opts)
-    assert bool(jnp.all(conv))
+    c_batch = system_compliance(e, force, free, opts)
+    assert bool(jnp.all(solve_system(e, free, force, opts)[1] == RESULTS.successful))
 
     def single(e1, f1, fr1):
-        return multigrid.compliance(e1[..., None], f1[:, None], fr1[:, None], options=opts)[0][0]
+        return system_compliance(e1[..., None], f1[:, None], fr1[:, None], opts)[0]
 
     c_vmap = jax.vmap(single, in_axes=(-1, -1, -1))(e, force, free)
     np.testing.assert_allclose(c_vmap, c_batch, rtol=1e-10)
 
     # Gradient of compliance: -u_e^T K_e u_e, checked by central differences.
-    grad = jax.grad(lambda m: jnp.sum(multigrid.compliance(m, force, free, options=opts)[0]))(e)
+    grad = jax.grad(lambda m: jnp.sum(system_compliance(m, force, free, opts)))(e)
     cell = (1, 2, 3, 1)
     h = 1e-4  # 4th-order central difference: the CG tolerance, not h, sets the error
 
     def c_at(t):
-        return jnp.sum(multigrid.compliance(e.at[cell].add(t * h), force, free, options=opts)[0])
+        return jnp.sum(system_compliance(e.at[cell].add(t * h), force, free, opts))
 
     fd = (8 * (c_at(1) - c_at(-1)) - (c_at(2) - c_at(-2))) / (12 * h)
     np.testing.assert_allclose(grad[cell], fd, rtol=1e-6)
@@ -372,7 +387,7 @@ def test_mgcg_batch_vmap_and_gradients(rng):
     w = jnp.asarray(rng.standard_normal(force.shape))
 
     def functional(m, f):
-        return jnp.sum(w * multigrid.solve(m, free, f, options=opts)[0])
+        return jnp.sum(w * solve_system(m, free, f, opts)[0])
 
     gm, gf = jax.grad(functional, argnums=(0, 1))(e, force)
     def f_at(t):
@@ -404,8 +419,9 @@ def real_3d():
                              np.ones(rho.shape)], -1)  # answers, then solid designs
     force = np.stack([c.force for c in cases] * 2, -1)
     free = np.stack([c.free_dofs for c in cases] * 2, -1).astype(float)
-    u, conv, its = multigrid.solve(jnp.asarray(moduli), jnp.asarray(free), jnp.asarray(force),
-                                   options=TIGHT)
+    u, result, its = solve_system(jnp.asarray(moduli), jnp.asarray(free), jnp.asarray(force),
+                                  TIGHT)
+    conv = np.asarray(result) == RESULTS.successful
     c = np.sum(force * np.asarray(u), axis=0)
     return {"files": files, "n": n, "u": np.asarray(u), "c": c, "conv": np.asarray(conv),
             "its": np.asarray(its), "moduli": moduli, "force": force, "free": free}
@@ -489,18 +505,20 @@ def test_scattered_islands_fall_back_to_a_direct_solve(embedded_3d, key):
     moduli = np.moveaxis(np.asarray(simp_moduli(jnp.asarray(scattered))), 0, -1)
     force = np.asarray(sub.force).reshape(2, -1).T
     free = np.asarray(sub.free_dofs).reshape(2, -1).T.astype(float)
-    plain = multigrid.MGOptions(direct_fallback_dofs=0)
-    _, conv, its = multigrid.compliance(moduli, force, free, options=plain)
-    assert not np.any(np.asarray(conv)), np.asarray(its)  # CG alone stalls
-    c, conv, _ = multigrid.compliance(moduli, force, free)
+    plain = Multigrid(direct_fallback_dofs=0)
+    _, result, its = solve_system(moduli, free, force, plain)
+    # CG alone stalls, and says so.
+    assert np.all(np.asarray(result) == RESULTS.max_iterations_reached), np.asarray(its)
+    u, result, _ = solve_system(moduli, free, force, Multigrid())
+    c = np.sum(force * free * np.asarray(u), axis=0)
     public = np.asarray(sj.compliance(sub, scattered))
-    assert np.all(np.asarray(conv))
+    assert np.all(np.asarray(result) == RESULTS.successful)
     for i, path in enumerate(files[:2]):
         _, load, support = physical_arrays(read_csv_independently(path), "hard")
         phys = np.transpose(scattered[i][::-1, ::-1, :], (2, 1, 0))  # printed -> [x, y, z]
         ref, _ = reference_compliance(phys, load, support)
         np.testing.assert_allclose([float(c[i]), public[i]], ref, rtol=1e-8, err_msg=path.name)
-    assert grid.n_dofs <= multigrid.MGOptions().direct_fallback_dofs
+    assert grid.n_dofs <= Multigrid().direct_fallback_dofs
 
 
 def test_public_derivatives_in_3d_both_modes(embedded_3d, key):
@@ -643,5 +661,5 @@ def test_galerkin_coarse_operator_equals_the_global_product(rng, cells):
     truth = p.T @ fine @ p
     free_e = structured.element_values_lattice(grid, jnp.asarray(free_lat))
     kes = ml.fine_coarse_matrices(levels[0], grid.element.ke, jnp.asarray(moduli), free_e)
-    got = np.asarray(ml.assemble_dense(coarse, kes))[0]
+    got = np.asarray(structured.assemble_dense(coarse, kes))[0]
     np.testing.assert_allclose(got, truth, rtol=1e-12, atol=1e-12 * np.abs(truth).max())

@@ -16,9 +16,10 @@ import jax
 import numpy as np
 import pytest
 
-from sphyr_jax.fem import fea, mesh
+from sphyr_jax.fem import elements, fea
 from sphyr_jax.problem.loadcase import load_case_from_grid
 from sphyr_jax.topopt import optimum
+from sphyr_jax.topopt.options import StrongOptions
 
 matplotlib = pytest.importorskip("matplotlib")
 plotting = pytest.importorskip("sphyr_jax.app.plotting")
@@ -66,7 +67,7 @@ def numpy_displacements(case, rho, penal=3.0) -> np.ndarray:
     nely, nelx = case.shape
     n = 2 * (nely + 1) * (nelx + 1)
     rows, cols, vals = [], [], []
-    ke = mesh.element_stiffness()
+    ke = elements.element_stiffness(2)
     for r, c in itertools.product(range(nely), range(nelx)):
         nodes = [r * (nelx + 1) + c, r * (nelx + 1) + c + 1,
                  (r + 1) * (nelx + 1) + c + 1, (r + 1) * (nelx + 1) + c]
@@ -261,7 +262,7 @@ def test_render_file_results_record(tmp_path, rng, monkeypatch):
     monkeypatch.setattr(plotting, "save_figure",
                         lambda fig, path, save=plotting.save_figure: (figures.append(fig),
                                                                       save(fig, path))[1])
-    light = optimum.OptimumOptions(polish_starts=0, tabu_passes=0, extra_chain_radius=None)
+    light = StrongOptions(polish_starts=0, tabu_passes=0, extra_chain_radius=None)
     out = plotting.render_file(src, tmp_path / "rec.png", index=1,
                                cache=optimum.OptimumCache(options=light))
     check_png(out)

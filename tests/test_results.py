@@ -33,7 +33,7 @@ METRIC_FIELDS = (
     "structural_efficiency", "structural_efficiency_raw", "design_efficiency",
     "material_efficiency", "compliance_efficiency_vs_ground_truth", "volume_fraction",
     "ground_truth_volume_fraction", "volume_ratio", "max_displacement", "unfilled_cells",
-    "unparsable_cells", "invalid_reason",
+    "unparsable_cells", "invalid_reason", "solver_result",
 )
 
 # The published validate table (full_easy, 20 samples): probe -> (topo score,

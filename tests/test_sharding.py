@@ -37,7 +37,8 @@ SCRIPT = textwrap.dedent("""
     from sphyr_jax.problem.grids import densities_from_grid, extract_grid
     from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
     from sphyr_jax.scoring.metrics import analyze_batch
-    from sphyr_jax.topopt.optimum import OptimumOptions, reference_optimum_batch
+    from sphyr_jax.topopt.options import StrongOptions
+    from sphyr_jax.topopt.strong import strong_optimum_batch
 
     records = json.load(open(sys.argv[1]))[:13]
     cases = stack_load_cases([load_case_from_grid(r["ground_truth"], r["prompt"])
@@ -47,9 +48,9 @@ SCRIPT = textwrap.dedent("""
     out = {"devices": jax.local_device_count()}
     for n in (4, 1):
         a = analyze_batch(cases, designs, num_devices=n)
-        opts = OptimumOptions(simp=simp.SimpOptions(max_iterations=30), polish_passes=5,
-                              tabu_passes=1, num_devices=n)
-        o = reference_optimum_batch(stack_load_cases(
+        opts = StrongOptions(simp=simp.SimpOptions(max_iterations=30), polish_passes=5,
+                             tabu_passes=1, num_devices=n)
+        o = strong_optimum_batch(stack_load_cases(
             [load_case_from_grid(r["ground_truth"], r["prompt"]) for r in records[:5]]),
             options=opts)
         out[n] = {"compliance": a.compliance.tolist(),
@@ -140,7 +141,8 @@ SCRIPT_YARDSTICK = textwrap.dedent("""
     import jax, numpy as np
     jax.config.update("jax_enable_x64", True)
     from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
-    from sphyr_jax.topopt.yardstick import DEFAULT_REFERENCE, reference_optimum_batch
+    from sphyr_jax.topopt.options import DEFAULT_REFERENCE
+    from sphyr_jax.topopt.yardstick import reference_optimum_batch
     import dataclasses
 
     lines = open("data/dataset/full_easy.jsonl").read().splitlines()[:8]
@@ -149,9 +151,9 @@ SCRIPT_YARDSTICK = textwrap.dedent("""
                               for r in records])
     out = {"devices": jax.local_device_count()}
     for n in (4, 1):
-        res, winner = reference_optimum_batch(
+        res = reference_optimum_batch(
             cases, options=dataclasses.replace(DEFAULT_REFERENCE, num_devices=n))
-        out[n] = {"compliance": res.compliance.tolist(), "winner": winner.tolist(),
+        out[n] = {"compliance": res.compliance.tolist(), "winner": res.winner.tolist(),
                   "designs": res.densities.tolist()}
     print(json.dumps(out))
 """)

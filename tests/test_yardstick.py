@@ -19,12 +19,9 @@ from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
 from sphyr_jax.scoring.metrics import ScoreItem, score_batch
 from sphyr_jax.scoring.results import AGGREGATED_SUFFIX, rescore_tree
 from sphyr_jax.topopt import simp, yardstick
-from sphyr_jax.topopt.optimum import (
-    DEFAULT_OPTIONS,
-    OptimumCache,
-    optimum_key,
-    optimum_options,
-)
+from sphyr_jax.topopt.budget import round_to_budget
+from sphyr_jax.topopt.optimum import OptimumCache, optimum_key
+from sphyr_jax.topopt.options import DEFAULT_REFERENCE, DEFAULT_STRONG, yardstick_options
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import reference_method  # noqa: E402
@@ -69,16 +66,16 @@ def test_round_to_budget_keeps_ties_and_edges():
     mask = np.array([True, True, True, True, False])
     x = np.array([0.2, 0.7, 0.7, 0.1, 0.4])
     # Two cells of material; the 2nd largest (0.7) is tied: both 0.7 cells kept.
-    np.testing.assert_array_equal(yardstick.round_to_budget(x, mask, 2.0), [0, 1, 1, 0, 0.4])
+    np.testing.assert_array_equal(round_to_budget(x, mask, 2.0), [0, 1, 1, 0, 0.4])
     # One cell: threshold 0.7, tied -> the rounding overspends (as published).
-    np.testing.assert_array_equal(yardstick.round_to_budget(x, mask, 1.5), [0, 1, 1, 0, 0.4])
-    np.testing.assert_array_equal(yardstick.round_to_budget(x, mask, 3.0), [1, 1, 1, 0, 0.4])
-    np.testing.assert_array_equal(yardstick.round_to_budget(x, mask, 0.5), [0, 0, 0, 0, 0.4])
-    np.testing.assert_array_equal(yardstick.round_to_budget(x, mask, 9.0), [1, 1, 1, 1, 0.4])
+    np.testing.assert_array_equal(round_to_budget(x, mask, 1.5), [0, 1, 1, 0, 0.4])
+    np.testing.assert_array_equal(round_to_budget(x, mask, 3.0), [1, 1, 1, 0, 0.4])
+    np.testing.assert_array_equal(round_to_budget(x, mask, 0.5), [0, 0, 0, 0, 0.4])
+    np.testing.assert_array_equal(round_to_budget(x, mask, 9.0), [1, 1, 1, 1, 0.4])
     # The NumPy re-implementation agrees.
     for budget in (0.5, 1.5, 2.0, 3.0, 9.0):
         np.testing.assert_array_equal(
-            yardstick.round_to_budget(x, mask, budget),
+            round_to_budget(x, mask, budget),
             reference_method.round_to_budget(x, mask, budget))
 
 
@@ -148,14 +145,14 @@ def test_claude_file_gets_figures(claude_records, stored_optima, optimum_cache, 
 
 def test_cache_keys_differ_between_yardsticks(gpt4o_records):
     case = _cases(gpt4o_records[:1])[0]
-    ref = optimum_key(case, None, optimum_options("reference"))
-    strong = optimum_key(case, None, optimum_options("strong"))
+    ref = optimum_key(case, None, yardstick_options("reference"))
+    strong = optimum_key(case, None, yardstick_options("strong"))
     assert ref != strong
-    assert optimum_key(case, None, DEFAULT_OPTIONS) == strong
-    assert OptimumCache().optimum == "reference"
-    assert OptimumCache(optimum="strong").optimum == "strong"
+    assert optimum_key(case, None, DEFAULT_STRONG) == strong
+    assert OptimumCache().yardstick == "reference"
+    assert OptimumCache(yardstick="strong").yardstick == "strong"
     with pytest.raises(ValueError):
-        optimum_options("fastest")
+        yardstick_options("fastest")
     with pytest.raises(ValueError):
         score_batch([], OptimumCache(), optimum="strong")
 
@@ -182,10 +179,10 @@ def test_rescore_reports_a_yardstick_switch(gpt4o_records, stored_optima, optimu
 def test_one_sample_equals_its_batch(stored_optima):
     """A sample alone (bucket 1) gets the optimum it gets in a batch of 64."""
     _, cases, res = stored_optima
-    alone, winner = yardstick.reference_optimum_batch(stack_load_cases([cases[3]]))
+    alone = yardstick.reference_optimum_batch(stack_load_cases([cases[3]]))
     assert float(alone.compliance[0]) == pytest.approx(float(res.compliance[3]), rel=1e-12)
     np.testing.assert_array_equal(alone.densities[0], res.densities[3])
-    assert 0 <= int(winner[0]) <= 16
+    assert 0 <= int(alone.winner[0]) <= 16
 
 
 def test_app_selects_the_yardstick(tmp_path):
@@ -198,7 +195,7 @@ def test_app_selects_the_yardstick(tmp_path):
                            (["--optimum=reference"], "reference")):
         flags.FLAGS(["sphyr_jax", f"--cache_dir={tmp_path}"] + argv)
         try:
-            assert common.cache().optimum == expected
+            assert common.cache().yardstick == expected
         finally:
             flags.FLAGS.unparse_flags()
     with pytest.raises(flags.IllegalFlagValueError):
@@ -215,7 +212,7 @@ def test_other_shapes_and_edge_masks_agree_with_second_method():
               answer]
     cases = [load_case_from_grid("\n".join(answer), None if g is None else "\n".join(g))
              for g in inputs]
-    res, _ = yardstick.reference_optimum_batch(stack_load_cases(cases))
+    res = yardstick.reference_optimum_batch(stack_load_cases(cases))
     for i, case in enumerate(cases):
         theirs = reference_method.reference_optimum(case)
         assert float(res.compliance[i]) == pytest.approx(theirs.compliance, rel=1e-9), i
@@ -256,7 +253,7 @@ def test_exact_polish_agrees_with_the_low_rank_polish():
             c = float(fea.compliance(one, x[i].reshape((1,) + cases.shape))[0])
             if c < 2.0 * c_answer[i]:
                 break
-    static = yardstick.DEFAULT_REFERENCE.static()
+    static = DEFAULT_REFERENCE.static()
     low_rank = jax.jit(lambda c, z, m: yardstick_polish.polish(c, z, m, static))
     exact = jax.jit(lambda c, z, m: yardstick_polish.polish_exact(c, z, m, static))
     xa, ca = low_rank(cases, x, mask)

@@ -5,8 +5,8 @@ bottom layer and a load patch on the top layer are drawn, and a minimum
 compliance topology is optimised on the 10x10x10 voxel grid (H8 elements,
 SIMP p = 3, density filter of radius 1.5, optimality criteria with move
 limit 0.2, density floor 0.001, static voxels solid), solved with
-:func:`sphyr_jax.fem.multigrid.compliance`.  The CSVs follow the raw SPhyR-3D
-layout (``index,x,y,z,density,is_static,[neighbours]``, index = x + 10 y +
+:func:`sphyr_jax.fem.linear_solve.system_compliance` (multigrid CG).  The CSVs
+follow the raw SPhyR-3D layout (``index,x,y,z,density,is_static,[neighbours]``, index = x + 10 y +
 100 z, cell centres at .5, z up); the neighbour list holds the 26-neighbours
 with density above 0.5 of cells above 0.5.  Then convert:
 
@@ -28,12 +28,13 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sphyr_jax import multigrid  # noqa: E402
+from sphyr_jax.fem.linear_solve import system_compliance  # noqa: E402
+from sphyr_jax.fem.solvers import Multigrid  # noqa: E402
 from sphyr_jax.problem.loadcase import force_vector, free_dof_mask  # noqa: E402
 
 N = 10
 FLOOR = 0.001
-OPTIONS = multigrid.MGOptions(tol=1e-9, max_iter=300)
+SOLVER = Multigrid(tol=1e-9, max_iter=300)
 
 
 def draw_problem(rng):
@@ -82,7 +83,7 @@ def optimise(loads, supports, vfs, iterations=80):
     def objective(x):
         rho = physical(x)
         moduli = 1e-9 + rho**3 * (1 - 1e-9)
-        c, _, _ = multigrid.compliance(moduli, force, free, options=OPTIONS)
+        c = system_compliance(moduli, force, free, SOLVER)
         return jnp.sum(c), c
 
     @jax.jit

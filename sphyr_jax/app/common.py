@@ -73,7 +73,7 @@ def cache():
     """The optimum cache the flags ask for."""
     from sphyr_jax.topopt.optimum import OptimumCache
 
-    return OptimumCache(FLAGS.cache_dir, optimum=FLAGS.optimum, num_devices=FLAGS.num_devices)
+    return OptimumCache(FLAGS.cache_dir, yardstick=FLAGS.optimum, num_devices=FLAGS.num_devices)
 
 
 def write_json(obj) -> None:

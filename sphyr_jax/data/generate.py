@@ -11,7 +11,7 @@ still pushes towards the supports: ``"down"`` = (1, 0) keeps it, ``"right"`` =
 on the right edge.
 
 Candidates are optimised in batches with
-:func:`sphyr_jax.topopt.optimum.reference_optimum_batch` (design region = every
+:func:`sphyr_jax.topopt.strong.strong_optimum_batch` (design region = every
 non-L/S cell), and only load-carrying, non-degenerate answers that differ from
 every earlier one in at least ``min_difference`` cells, even after mirroring
 or sliding it along the load edge, are kept.
@@ -54,8 +54,10 @@ from sphyr_jax.io import atomic_write_json, atomic_write_text, read_json
 from sphyr_jax.problem.grids import LOAD, SUPPORT, grid_to_text
 from sphyr_jax.problem.loadcase import LoadCase, load_case_from_grid, stack_load_cases, with_budget
 from sphyr_jax.sharding import batch_call
-from sphyr_jax.topopt.optimum import OptimumOptions, binarize, reference_optimum_batch
-from sphyr_jax.topopt.simp import SimpOptions, budget_split
+from sphyr_jax.topopt.budget import binarize, free_budget
+from sphyr_jax.topopt.options import StrongOptions
+from sphyr_jax.topopt.simp import SimpOptions
+from sphyr_jax.topopt.strong import strong_optimum_batch
 
 GRAVITY_FILE = "gravity.json"
 RAW_FOLDER = "raw"
@@ -63,8 +65,8 @@ DIRECTIONS = {"down": (1, 0), "right": (0, 1), "up": (-1, 0), "left": (0, -1)}
 VOLUME_FRACTION_RANGE = (0.2, 0.4)
 MIN_DIFFERENCE = 3  # an answer this close (in cells) to an earlier one is a near-copy
 SEED_NOISE = 0.1  # amplitude of the perturbation of the uniform seed design
-DEFAULT_OPTIONS = OptimumOptions()
-QUICK_OPTIONS = OptimumOptions(
+DEFAULT_OPTIONS = StrongOptions()
+QUICK_OPTIONS = StrongOptions(
     simp=SimpOptions(tol=1e-2, max_iterations=200), penal_schedule=(3.0,),
     polish_starts=0, tabu_passes=0, extra_chain_radius=None, pool=8,
 )  # a cheap optimiser for tests and previews: one SIMP run, rounding, no polish
@@ -270,9 +272,9 @@ def _analyze(load_case, densities):
 
 
 def optimise_candidates(candidates: Sequence[Candidate],
-                        options: OptimumOptions = DEFAULT_OPTIONS,
+                        options: StrongOptions = DEFAULT_OPTIONS,
                         num_devices: int | None = None, progress=None) -> Optimised:
-    """Optimise candidates in one batch with the reference optimum.
+    """Optimise candidates in one batch with the strong search.
 
     Args:
         candidates: problems of one grid size.
@@ -289,9 +291,9 @@ def optimise_candidates(candidates: Sequence[Candidate],
         options = dataclasses.replace(options, num_devices=num_devices)
     batch = stack_load_cases([candidate_load_case(c) for c in candidates])
     seeds = np.stack([c.seed for c in candidates])
-    result = reference_optimum_batch(batch, seeds=seeds, options=options, progress=progress)
+    result = strong_optimum_batch(batch, seeds=seeds, options=options, progress=progress)
     designs = np.asarray(result.densities, np.float64)
-    free = np.asarray(budget_split(batch.design_mask, batch.pinned, batch.volume_fraction)[1])
+    free = np.asarray(free_budget(batch.design_mask, batch.pinned, batch.volume_fraction, 2)[0])
     binary = np.all((designs == 0.0) | (designs == 1.0), axis=(-2, -1))
     if not binary.all():
         rounded = np.asarray(binarize(designs, batch.design_mask, batch.pinned, free))
@@ -455,7 +457,7 @@ def generate_dataset(output_dir, num_samples: int, seed: int = 0, grid_size: int
                      volume_fraction: float | None = None, gravity_dirs=("down",),
                      num_devices: int | None = None,
                      progress: Callable[[str, int, int], None] | None = None, *,
-                     options: OptimumOptions = DEFAULT_OPTIONS,
+                     options: StrongOptions = DEFAULT_OPTIONS,
                      batch_size: int | None = None, max_attempts: int | None = None,
                      min_difference: int = MIN_DIFFERENCE, mask_seed: int = 42,
                      boundary: BoundarySpec = DEFAULT_BOUNDARY,

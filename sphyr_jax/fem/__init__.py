@@ -1,9 +1,11 @@
 """The finite-element layer: elements, structured grids, operators and solvers.
 
-Q4 (2D) and H8 (3D) elements (:mod:`~sphyr_jax.fem.elements`,
-:mod:`~sphyr_jax.fem.mesh`), dimension-generic structured-grid operators
-(:mod:`~sphyr_jax.fem.structured`), the solvers (banded Cholesky, dense,
-conjugate gradients with a geometric multigrid preconditioner) and the public
-batched, differentiable analysis API (:mod:`~sphyr_jax.fem.fea`: ``compliance``,
+Q4 (2D) and H8 (3D) elements (:mod:`~sphyr_jax.fem.elements`), the
+dimension-generic structured-grid operators (:mod:`~sphyr_jax.fem.structured`),
+the solvers behind one interface (:mod:`~sphyr_jax.fem.solvers`: banded and
+dense Cholesky, conjugate gradients (:mod:`~sphyr_jax.fem.cg`) with a Jacobi or
+a geometric-multigrid (:mod:`~sphyr_jax.fem.multigrid`) preconditioner), their
+differentiable batch-last solves (:mod:`~sphyr_jax.fem.linear_solve`) and the
+public batched analysis API (:mod:`~sphyr_jax.fem.fea`: ``compliance``,
 ``solve``, ``analyze``).  Reads load cases from :mod:`sphyr_jax.problem`.
 """

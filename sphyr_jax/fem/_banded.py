@@ -1,7 +1,7 @@
 """Blocked banded Cholesky factorisation and solves, batch-last.
 
 The stiffness matrix of a structured grid is banded: with the row-major node
-numbering of :mod:`sphyr_jax.fem.mesh`, $K_{ij} = 0$ for $|i - j| > b$ where
+numbering of :mod:`sphyr_jax.fem.structured`, $K_{ij} = 0$ for $|i - j| > b$ where
 $b = 2 n_{elx} + 5$ (25 on a 10x10 grid).  A dense Cholesky of the 242 x 242
 system costs $n^3/3 \\approx 4.7$ MFLOP; exploiting the band costs about
 $n b^2 \\approx 0.15$ MFLOP.
@@ -23,18 +23,93 @@ Layout of the factor ``C`` (T, s, m, B): ``C[t, j, r] = L[t s + r, t s + j]``.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sphyr_jax.fem.mesh import LOCAL_NODE_OFFSETS, Mesh
+from sphyr_jax.fem.structured import StructuredGrid, get_grid
 
 # Scan steps fused per loop iteration (measured best on a 2-core CPU).
 UNROLL = 4
 SOLVE_UNROLL = 1
 
 
-def corner_fields(mesh: Mesh, moduli: jax.Array) -> list[jax.Array]:
+@dataclasses.dataclass(frozen=True, eq=False)
+class BandPlan:
+    r"""Static plan of the banded factorisation of one 2D grid shape.
+
+    Attributes:
+        grid: the structured grid (Q4 elements).
+        half_bandwidth: $b$ with $K_{ij} = 0$ for $|i - j| > b$.
+        block: columns eliminated per step ($s$).
+        steps: elimination steps $T = \lceil n / s \rceil$.
+        window: size $m = s + b$ of the dense active window.
+        padded_dofs: size $P = (T + 1) s + b$ of the padded system.
+        band_weights: (4, b + 1, 2) assembly weights of the row band
+            $R_{2 v + \alpha, d} = K_{2 v + \alpha,\, 2 v + \alpha - b + d}
+            = \sum_q W_{q, d, \alpha} E^{(q)}_v$, where $E^{(q)}_v$ is the
+            modulus of the element whose local node $q$ is node $v$ (0 if none).
+    """
+
+    grid: StructuredGrid
+    half_bandwidth: int
+    block: int
+    steps: int
+    window: int
+    padded_dofs: int
+    band_weights: np.ndarray
+
+    @property
+    def n_dofs(self) -> int:
+        return self.grid.n_dofs
+
+    @property
+    def nely(self) -> int:
+        return self.grid.cells[0]
+
+    @property
+    def nelx(self) -> int:
+        return self.grid.cells[1]
+
+
+@functools.lru_cache(maxsize=32)
+def get_plan(shape: tuple[int, int], block: int = 4) -> BandPlan:
+    """Cached banded plan of an (nely, nelx) grid (``block`` columns per step)."""
+    grid = get_grid(tuple(shape))
+    block = int(block)
+    if grid.dim != 2:
+        raise ValueError(f"the banded factorisation is for 2D grids, got shape {grid.cells}")
+    if block <= 0:
+        raise ValueError(f"block must be positive, got {block}")
+    nelx = grid.cells[1]
+    n = grid.n_dofs
+    ke = grid.element.ke
+    b = 2 * (nelx + 1) + 3
+    steps = -(-n // block)
+    # Row band R[i, d] = K[i, i - b + d] (d = b is the diagonal).  For local
+    # DOFs (a, c) of an element, row DOF i = 2 node_a + alpha and column DOF
+    # j = 2 node_c + gamma; node_c - node_a is the same for every element, so
+    # each (a, c) adds E_e KE[a, c] at a fixed band offset d to the node of a.
+    offsets = grid.element.node_offsets
+    weights = np.zeros((4, b + 1, 2))  # (local node a, band offset d, alpha)
+    for a in range(8):
+        for c in range(8):
+            na, alpha = divmod(a, 2)
+            nc, gamma = divmod(c, 2)
+            (ra, ca), (rc, cc) = offsets[na], offsets[nc]
+            node_shift = (rc - ra) * (nelx + 1) + (cc - ca)
+            offset = 2 * node_shift + gamma - alpha  # j - i
+            if offset <= 0:
+                weights[na, b + offset, alpha] += ke[a, c]
+    weights.setflags(write=False)
+    return BandPlan(grid=grid, half_bandwidth=b, block=block, steps=steps, window=block + b,
+                    padded_dofs=(steps + 1) * block + b, band_weights=weights)
+
+
+def corner_fields(plan: BandPlan, moduli: jax.Array) -> list[jax.Array]:
     """Element values moved onto each element's four corner nodes.
 
     Args:
@@ -45,29 +120,13 @@ def corner_fields(mesh: Mesh, moduli: jax.Array) -> list[jax.Array]:
         of the element whose local node q is v (0 where there is none).
     """
     out = []
-    for dr, dc in LOCAL_NODE_OFFSETS:
+    for dr, dc in plan.grid.element.node_offsets:
         pad = ((dr, 1 - dr), (dc, 1 - dc)) + ((0, 0),) * (moduli.ndim - 2)
         out.append(jnp.pad(moduli, pad))
     return out
 
 
-def element_values(mesh: Mesh, nodal: jax.Array) -> jax.Array:
-    """Gather-free element DOF vectors.
-
-    Args:
-        nodal: (n_dofs, ..., B) nodal vector(s).
-
-    Returns:
-        (nely, nelx, 8, ..., B) values at each element's local DOFs.
-    """
-    grid = nodal.reshape((mesh.nely + 1, mesh.nelx + 1, 2) + nodal.shape[1:])
-    corners = [
-        grid[dr : dr + mesh.nely, dc : dc + mesh.nelx] for dr, dc in LOCAL_NODE_OFFSETS
-    ]
-    return jnp.concatenate(corners, axis=2)
-
-
-def row_band(mesh: Mesh, moduli: jax.Array, free: jax.Array) -> jax.Array:
+def row_band(plan: BandPlan, moduli: jax.Array, free: jax.Array) -> jax.Array:
     """Row band of the masked stiffness matrix.
 
     Args:
@@ -78,10 +137,10 @@ def row_band(mesh: Mesh, moduli: jax.Array, free: jax.Array) -> jax.Array:
         R of shape (P, b + 1, B) with $R_{i,d} = \\tilde K_{i, i - b + d}$ for the
         padded system (columns left of 0 are zero).
     """
-    b, n, p = mesh.half_bandwidth, mesh.n_dofs, mesh.padded_dofs
+    b, n, p = plan.half_bandwidth, plan.n_dofs, plan.padded_dofs
     batch = moduli.shape[2:]
-    w = jnp.asarray(mesh.band_weights)  # (4, b + 1, 2)
-    corners = jnp.stack(corner_fields(mesh, moduli))  # (4, nely + 1, nelx + 1, B...)
+    w = jnp.asarray(plan.band_weights)  # (4, b + 1, 2)
+    corners = jnp.stack(corner_fields(plan, moduli))  # (4, nely + 1, nelx + 1, B...)
     # One contraction (few ops compile fast): band[v, alpha, d] = sum_q E^(q)_v W[q, d, alpha].
     band = jnp.einsum("qyx...,qda->yxad...", corners, w).reshape((n, b + 1) + batch)
     band = jnp.concatenate([band, jnp.zeros((p - n, b + 1) + batch, band.dtype)], axis=0)
@@ -98,7 +157,7 @@ def row_band(mesh: Mesh, moduli: jax.Array, free: jax.Array) -> jax.Array:
     return jnp.concatenate([band[:, :b], diag[:, None]], axis=1)
 
 
-def factor(mesh: Mesh, band: jax.Array) -> jax.Array:
+def factor(plan: BandPlan, band: jax.Array) -> jax.Array:
     """Banded Cholesky factor.
 
     Args:
@@ -107,7 +166,7 @@ def factor(mesh: Mesh, band: jax.Array) -> jax.Array:
     Returns:
         The factor ``C`` of shape (T, s, m, B) (see module docstring).
     """
-    s, b, m, steps = mesh.block, mesh.half_bandwidth, mesh.window, mesh.steps
+    s, b, m, steps = plan.block, plan.half_bandwidth, plan.window, plan.steps
     batch = band.shape[2:]
 
     # Lower triangle of the first m rows as a dense window (one static gather):
@@ -146,7 +205,7 @@ def factor(mesh: Mesh, band: jax.Array) -> jax.Array:
     return factor_c
 
 
-def forward(mesh: Mesh, factor_c: jax.Array, rhs: jax.Array) -> jax.Array:
+def forward(plan: BandPlan, factor_c: jax.Array, rhs: jax.Array) -> jax.Array:
     """Forward substitution $y = L^{-1} \\text{rhs}$.
 
     Args:
@@ -156,12 +215,12 @@ def forward(mesh: Mesh, factor_c: jax.Array, rhs: jax.Array) -> jax.Array:
     Returns:
         y of shape (T s, ..., B) (rows past ``n_dofs`` belong to padding DOFs).
     """
-    s, m, steps = mesh.block, mesh.window, mesh.steps
-    n = mesh.n_dofs
+    s, m, steps = plan.block, plan.window, plan.steps
+    n = plan.n_dofs
     extra = rhs.ndim - 2
     tail_shape = rhs.shape[1:]
     r = jnp.concatenate(
-        [rhs, jnp.zeros((mesh.padded_dofs - n,) + tail_shape, rhs.dtype)], axis=0
+        [rhs, jnp.zeros((plan.padded_dofs - n,) + tail_shape, rhs.dtype)], axis=0
     )
     incoming = r[m : m + steps * s].reshape((steps, s) + tail_shape)
 
@@ -183,9 +242,9 @@ def forward(mesh: Mesh, factor_c: jax.Array, rhs: jax.Array) -> jax.Array:
     return y.reshape((steps * s,) + tail_shape)
 
 
-def backward(mesh: Mesh, factor_c: jax.Array, y: jax.Array) -> jax.Array:
+def backward(plan: BandPlan, factor_c: jax.Array, y: jax.Array) -> jax.Array:
     """Back substitution $x = L^{-T} y$ for y from :func:`forward`; returns (n_dofs, ..., B)."""
-    s, b, steps = mesh.block, mesh.half_bandwidth, mesh.steps
+    s, b, steps = plan.block, plan.half_bandwidth, plan.steps
     extra = y.ndim - 2
     tail_shape = y.shape[1:]
     y = y.reshape((steps, s) + tail_shape)
@@ -204,7 +263,7 @@ def backward(mesh: Mesh, factor_c: jax.Array, y: jax.Array) -> jax.Array:
 
     _, x = jax.lax.scan(bwd, jnp.zeros((b,) + tail_shape, y.dtype), (factor_c, y),
                         reverse=True, unroll=SOLVE_UNROLL)
-    return x.reshape((steps * s,) + tail_shape)[: mesh.n_dofs]
+    return x.reshape((steps * s,) + tail_shape)[: plan.n_dofs]
 
 
 def _expand(x, extra: int):
@@ -212,7 +271,7 @@ def _expand(x, extra: int):
     return x.reshape(x.shape[:-1] + (1,) * extra + x.shape[-1:])
 
 
-def solve(mesh: Mesh, factor_c: jax.Array, rhs: jax.Array) -> jax.Array:
+def solve(plan: BandPlan, factor_c: jax.Array, rhs: jax.Array) -> jax.Array:
     """Solve $\\tilde K x = \\text{rhs}$ with a factor from :func:`factor`.
 
     Args:
@@ -223,4 +282,4 @@ def solve(mesh: Mesh, factor_c: jax.Array, rhs: jax.Array) -> jax.Array:
     Returns:
         The solution, same shape as ``rhs``.
     """
-    return backward(mesh, factor_c, forward(mesh, factor_c, rhs))
+    return backward(plan, factor_c, forward(plan, factor_c, rhs))

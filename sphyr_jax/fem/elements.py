@@ -5,7 +5,10 @@ unit cube (H8, trilinear, isotropic 3D elasticity).  Both are described by one
 :class:`Element`, so structured-grid code (:mod:`sphyr_jax.fem.structured`) and the
 solvers built on it are written once for every dimension.
 
-Axes and DOF conventions (shared with :mod:`sphyr_jax.fem.mesh` in 2D):
+Material: isotropic, $E_0 = 1$, $\nu = 0.3$; void cells keep $E_{min} = 10^{-9}$
+(SIMP: $E(\rho) = E_{min} + \rho^p (E_0 - E_{min})$).
+
+Axes and DOF conventions (the library's, in every dimension):
 
 * Grid axes are printed axes: ``(row, col)`` in 2D and ``(layer, row, col)``
   in 3D; index 0 of every axis is printed first (row 0 at the top, layer 0
@@ -17,7 +20,7 @@ Axes and DOF conventions (shared with :mod:`sphyr_jax.fem.mesh` in 2D):
   so the handedness of this frame does not matter.
 * Local node ``a`` of an element sits at ``node_offsets[a]`` (0/1 per grid
   axis) from the element's first node.  Q4: top-left, top-right, bottom-right,
-  bottom-left (exactly :data:`sphyr_jax.fem.mesh.LOCAL_NODE_OFFSETS`); H8: the Q4
+  bottom-left; H8: the Q4
   square of the upper node plane (layer offset 0), then the same square one
   plane lower.  Local DOF ``dim * a + k`` is component ``k`` of node ``a``.
 
@@ -34,6 +37,8 @@ import itertools
 import numpy as np
 
 NU = 0.3
+E0 = 1.0
+EMIN = 1e-9
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -47,6 +52,9 @@ class Element:
             (tuple of $2^d$ tuples of length $d$).
         ke: unit-modulus stiffness matrix, shape $(d\\,2^d, d\\,2^d)$.
         nu: Poisson's ratio.
+        modes: deformation modes $V$, shape $(d\\,2^d, r)$: the eigenvectors of
+            ``ke`` without its rigid-body modes ($r = 5$ for Q4, 18 for H8).
+        mode_stiffness: their eigenvalues $\\Lambda$ (r,), so $K_e = V \\Lambda V^T$.
     """
 
     name: str
@@ -54,6 +62,8 @@ class Element:
     node_offsets: tuple[tuple[int, ...], ...]
     ke: np.ndarray
     nu: float
+    modes: np.ndarray
+    mode_stiffness: np.ndarray
 
     @property
     def nodes(self) -> int:
@@ -143,12 +153,12 @@ def strain_displacement(dim: int, offsets, point) -> np.ndarray:
     return b
 
 
-def element_stiffness(dim: int, nu: float = NU) -> np.ndarray:
+def element_stiffness(dim: int = 2, nu: float = NU) -> np.ndarray:
     r"""Unit-modulus stiffness of the unit $d$-cube element by $2^d$-point Gauss.
 
     $K_e = \sum_g B_g^T D B_g \, 2^{-d}$ (Gauss weights 1 in natural
-    coordinates, $\det J = 2^{-d}$).  In 2D this reproduces
-    :func:`sphyr_jax.fem.mesh.element_stiffness` bit for bit.
+    coordinates, $\det J = 2^{-d}$).  In 2D (plane stress) this equals the
+    closed-form matrix of the classic 88-line code.
     """
     offsets = node_offsets(dim)
     d = constitutive_matrix(dim, nu)
@@ -169,6 +179,10 @@ def get_element(dim: int, nu: float = NU) -> Element:
     if dim not in (2, 3):
         raise ValueError(f"structured elements exist for dim 2 (Q4) and 3 (H8), got {dim}")
     ke = element_stiffness(dim, nu)
-    ke.setflags(write=False)
+    lam, vec = np.linalg.eigh(ke)
+    keep = lam > 1e-10 * lam.max()
+    modes, stiff = vec[:, keep], lam[keep]
+    for a in (ke, modes, stiff):
+        a.setflags(write=False)
     return Element(name="Q4" if dim == 2 else "H8", dim=dim, node_offsets=node_offsets(dim),
-                   ke=ke, nu=float(nu))
+                   ke=ke, nu=float(nu), modes=modes, mode_stiffness=stiff)

@@ -3,18 +3,25 @@
 Public functions take a :class:`~sphyr_jax.problem.loadcase.LoadCase` and densities
 with any leading batch axes (broadcast against each other) and are pure JAX:
 ``jit``, ``vmap``, ``grad``, ``jvp`` and their compositions work.  Internally
-the batch is flattened onto the last axis (the layout the structured solvers
-of :mod:`sphyr_jax.fem._banded` want); under ``jax.vmap`` the solver kernels fold
-the mapped axis into that same batch axis (:mod:`sphyr_jax.fem._kernels`).
+the batch is flattened onto the last axis (the layout of the solvers); under
+``jax.vmap`` the solver kernels fold the mapped axis into that same batch axis
+(:mod:`sphyr_jax.fem.linear_solve`).
 
-Solvers:
+Solvers (:mod:`sphyr_jax.fem.solvers`; ``solver=`` takes an object or its
+name, None picks :func:`~sphyr_jax.fem.solvers.default_solver`):
 
-* ``"banded"`` (default): exact banded Cholesky, about 30x fewer flops than a
-  dense one on a 10x10 grid.
-* ``"dense"``: dense Cholesky (``jnp.linalg.cholesky``), the simplest exact path.
-* ``"cg"``: Jacobi-preconditioned conjugate gradients with a bounded number of
-  iterations; reports convergence instead of raising (an unconverged system
-  gives NaN displacements and infinite compliance, never a wrong number).
+* :class:`Banded` (the 2D default): exact banded Cholesky, about 30x fewer
+  flops than a dense one on a 10x10 grid.
+* :class:`Dense`: dense Cholesky, the simplest exact path (2D).
+* :class:`CG`: Jacobi-preconditioned conjugate gradients.
+* :class:`Multigrid` (the 3D default): CG preconditioned by a geometric
+  multigrid V-cycle, with a direct fallback on small grids.
+
+Every solution carries a :class:`RESULTS` code per sample (``successful``,
+``max_iterations_reached``, ``nonfinite_input``, ``no_load_path``,
+``breakdown``); a failed solve gives NaN displacements and infinite
+compliance, never a wrong number, and ``throw=True`` turns a failure into an
+error.
 
 Derivatives: every solve sits behind ``lax.custom_linear_solve`` (a tangent or
 a cotangent is one more solve with the same factorisation; no solver is
@@ -40,9 +47,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sphyr_jax.fem import _kernels
-from sphyr_jax.fem._kernels import Solver, as_solver, default_chunk
-from sphyr_jax.fem.mesh import E0, EMIN, get_mesh
+from sphyr_jax.fem import linear_solve as ls
+from sphyr_jax.fem import structured as st
+from sphyr_jax.fem.elements import E0, EMIN
+from sphyr_jax.fem.solvers import (
+    CG,
+    RESULTS,
+    Banded,
+    Dense,
+    Multigrid,
+    Solver,
+    as_solver,
+    default_solver,
+    result_name,
+)
 from sphyr_jax.problem.loadcase import LoadCase
 from sphyr_jax.runtime import enable_x64, require_x64
 from sphyr_jax.sharding import bucket_size
@@ -50,9 +68,10 @@ from sphyr_jax.sharding import bucket_size
 SINGULARITY_RATIO = 1e3  # load_carrying iff c <= ratio * solid compliance
 
 __all__ = [
-    "SINGULARITY_RATIO", "Analysis", "Solution", "Solver", "analyze", "as_solver",
-    "compliance", "default_chunk", "dense_stiffness", "element_strain_energy", "enable_x64",
-    "require_x64", "simp_moduli", "solve",
+    "CG", "RESULTS", "SINGULARITY_RATIO", "Analysis", "Banded", "Dense", "Multigrid",
+    "Solution", "Solver", "analyze", "as_solver", "compliance", "default_solver",
+    "dense_stiffness", "element_strain_energy", "enable_x64", "require_x64", "result_name",
+    "simp_moduli", "solve",
 ]
 
 
@@ -60,83 +79,6 @@ def simp_moduli(densities: jax.Array, penal=3.0) -> jax.Array:
     r"""SIMP moduli $E(\rho) = E_{min} + \rho^p (E_0 - E_{min})$, $\rho$ clipped to [0, 1]."""
     rho = jnp.clip(densities, 0.0, 1.0)
     return EMIN + rho**penal * (E0 - EMIN)
-
-
-# ----------------------------------------------------------------------------
-# Differentiable solves (batch-last: moduli (nely, nelx, B), vectors (n, B)).
-
-
-def _checked(out):
-    """Kernel output -> (x, (converged, iterations)); unconverged systems give NaN,
-    so a CG that failed can never pass for a solution or a derivative."""
-    x, conv, its = out
-    return jnp.where(conv, x, jnp.nan), (conv, its)
-
-
-def linear_solve(k: _kernels.Kernels, moduli, free, rhs, reuse_factor: bool = True):
-    r"""$x = \tilde K(E)^{-1} b$ behind ``lax.custom_linear_solve``.
-
-    JAX derives both differentiation modes from the rule: a tangent is one
-    more solve, $\dot x = \tilde K^{-1}(\dot b - \dot{\tilde K} x)$ (the matrix
-    derivative comes from the matrix-free product, which is linear in $E$),
-    and the transpose is the same solve ($\tilde K$ is symmetric).  With
-    ``reuse_factor`` the factorisation is computed once and kept for those
-    extra solves; without it every solve refactors (cheaper when no
-    derivative of ``x`` is taken).
-
-    Args:
-        k: kernels of the grid shape and solver.
-        moduli: (nely, nelx, B) element moduli.
-        free: (n, B) free-DOF mask as 0/1 floats.
-        rhs: (n, B), zero on fixed DOFs.
-
-    Returns:
-        (x (n, B), converged (B,), iterations (B,)).
-    """
-    m0 = jax.lax.stop_gradient(moduli)
-    free = jax.lax.stop_gradient(free)
-    if reuse_factor:
-        fac = k.factor(m0, free)
-
-        def solve_fn(_, b):
-            return _checked(k.apply(fac, b))
-    else:
-
-        def solve_fn(_, b):
-            return _checked(k.factor_solve(m0, free, b))
-
-    x, (conv, its) = jax.lax.custom_linear_solve(
-        lambda v: k.matvec(moduli, free, v), rhs, solve_fn, symmetric=True, has_aux=True)
-    return x, conv, its
-
-
-@functools.lru_cache(maxsize=64)
-def _compliance_rule(shape: tuple[int, int], solver: Solver):
-    r"""$c = f^T \tilde K^{-1} f$ (batch-last) with a self-adjoint JVP rule.
-
-    $\dot c = -\sum_e \dot E_e\, u_e^T K_e u_e + 2 u \cdot \dot f$: no extra solve
-    in either mode (JAX transposes the rule for reverse mode).  The primal
-    uses the fused factor-and-solve kernel; inside the rule $u$ comes from
-    :func:`linear_solve`, so second derivatives (Hessian-vector products) work.
-    """
-    k = _kernels.kernels(shape, solver)
-
-    @jax.custom_jvp
-    def comp(moduli, f, free):
-        u, _ = _checked(k.factor_solve(moduli, jax.lax.stop_gradient(free), f))
-        return jnp.sum(f * u, axis=0)
-
-    @comp.defjvp
-    def comp_jvp(primals, tangents):
-        moduli, f, free = primals
-        dm, df, _ = tangents
-        u, _, _ = linear_solve(k, moduli, free, f, reuse_factor=False)
-        cells = tuple(range(k.ndim))
-        dc = (-jnp.sum(dm * k.energy(u, u), axis=cells)
-              + 2.0 * jnp.sum(df * u, axis=0))
-        return jnp.sum(f * u, axis=0), dc
-
-    return comp
 
 
 # ----------------------------------------------------------------------------
@@ -170,18 +112,23 @@ class Solution(eqx.Module):
     """Displacements of a batch of designs.
 
     Attributes:
-        displacements: (..., n_dofs); NaN where CG did not converge.
+        displacements: (..., n_dofs); NaN where the solve did not succeed.
         compliance: (...) $c = f \\cdot u$; +inf where the problem has no load,
-            no support, or a non-finite or negative result (CG that did not
-            converge included).
-        converged: (...) bool, always True for the direct solvers.
+            no support, non-finite densities, or the solve did not succeed.
+        result: (...) int32 :class:`RESULTS` code of each solve
+            (:func:`result_name` names it).
         iterations: (...) CG iterations (0 for the direct solvers).
     """
 
     displacements: jax.Array
     compliance: jax.Array
-    converged: jax.Array
+    result: jax.Array
     iterations: jax.Array
+
+    @property
+    def converged(self) -> jax.Array:
+        """(...) bool: the solve succeeded (``result == RESULTS.successful``)."""
+        return self.result == RESULTS.successful
 
 
 def _prepare(load_case: LoadCase, densities, penal):
@@ -193,7 +140,8 @@ def _prepare(load_case: LoadCase, densities, penal):
 
     Returns:
         (batch shape, moduli (*cells, B), force (n, B), free (n, B) floats,
-        ok (B,): the design is well posed, posed (B,): the load case is).
+        ok (B,): the design is well posed, posed (B,): the load case is,
+        code (B,): the :class:`RESULTS` code the input alone decides, else 0).
     """
     densities = jnp.asarray(densities, dtype=jnp.float64)
     batch, rho, force, free = _flatten_batch(load_case, densities)
@@ -208,8 +156,11 @@ def _prepare(load_case: LoadCase, densities, penal):
     penal = jnp.broadcast_to(jnp.asarray(penal, jnp.float64), batch).reshape(
         (-1,) + (1,) * load_case.ndim)
     moduli = simp_moduli(safe_rho, penal)
+    finite = finite_rho & jnp.isfinite(penal).reshape(-1) & jnp.all(jnp.isfinite(force), axis=-1)
+    code = jnp.where(~posed, RESULTS.no_load_path,
+                     jnp.where(~finite, RESULTS.nonfinite_input, RESULTS.successful))
     return (batch, jnp.moveaxis(moduli, 0, -1), force.T,
-            safe_free.T.astype(jnp.float64), ok, posed)
+            safe_free.T.astype(jnp.float64), ok, posed, code.astype(jnp.int32))
 
 
 def _finalise(c, ok):
@@ -217,24 +168,48 @@ def _finalise(c, ok):
     return jnp.where(valid, c, jnp.inf)
 
 
-def _solve_impl(load_case, densities, penal, solver) -> Solution:
-    batch, moduli, force, free, ok, posed = _prepare(load_case, densities, penal)
-    k = _kernels.kernels(load_case.shape, solver)
-    u, conv, its = linear_solve(k, moduli, free, force * free, reuse_factor=True)
-    c = _finalise(jnp.sum(force * u, axis=0), ok)
+def _result(code, solver_code, c):
+    """The input's code where it decides, else the solver's; ``breakdown`` for a
+    successful solve whose compliance is not a finite non-negative number."""
+    out = jnp.where(code != RESULTS.successful, code, solver_code)
+    bad = (out == RESULTS.successful) & ~(jnp.isfinite(c) & (c >= 0.0))
+    return jnp.where(bad, RESULTS.breakdown, out).astype(jnp.int32)
+
+
+def _throw(out, result):
+    """``out`` unchanged, or an error naming the first failed sample's result."""
+    return eqx.branched_error_if(out, result != RESULTS.successful, result, RESULTS.messages)
+
+
+def _kernels(load_case: LoadCase, solver):
+    return ls.kernels(load_case.shape, as_solver(solver, load_case.shape))
+
+
+def _solve_impl(load_case, densities, penal, solver, throw=False) -> Solution:
+    batch, moduli, force, free, ok, posed, code = _prepare(load_case, densities, penal)
+    u, solver_code, its = ls.linear_solve(_kernels(load_case, solver), moduli, free,
+                                          force * free, reuse_state=True)
+    c_raw = jnp.sum(force * u, axis=0)
+    result = _result(code, solver_code, c_raw)
     n = force.shape[0]
-    return Solution(
+    sol = Solution(
         displacements=u.T.reshape(batch + (n,)),
-        compliance=c.reshape(batch),
-        converged=conv.reshape(batch),
+        compliance=_finalise(c_raw, ok).reshape(batch),
+        result=result.reshape(batch),
         iterations=its.reshape(batch),
     )
+    return _throw(sol, sol.result) if throw else sol
 
 
-def _compliance_impl(load_case, densities, penal, solver) -> jax.Array:
-    batch, moduli, force, free, ok, posed = _prepare(load_case, densities, penal)
-    c = _compliance_rule(load_case.shape, solver)(moduli, force * free, free)
-    return _finalise(c, ok).reshape(batch)
+def _compliance_impl(load_case, densities, penal, solver, throw=False) -> jax.Array:
+    batch, moduli, force, free, ok, posed, code = _prepare(load_case, densities, penal)
+    shape = load_case.shape
+    c = ls.compliance_rule(shape, as_solver(solver, shape))(moduli, force * free, free)
+    out = _finalise(c, ok).reshape(batch)
+    if throw:
+        failed = jnp.where(jnp.isfinite(c), RESULTS.successful, RESULTS.breakdown)
+        out = _throw(out, _result(code, failed, c).reshape(batch))
+    return out
 
 
 class Analysis(eqx.Module):
@@ -246,7 +221,7 @@ class Analysis(eqx.Module):
         max_displacement: largest nodal displacement magnitude.
         load_carrying: compliance finite and <= 1e3 x the solid grid's.
         solid_compliance: compliance of the all-ones grid.
-        converged: solver convergence (always True for direct solvers).
+        result: int32 :class:`RESULTS` code of the design's solve.
     """
 
     compliance: jax.Array
@@ -254,45 +229,47 @@ class Analysis(eqx.Module):
     max_displacement: jax.Array
     load_carrying: jax.Array
     solid_compliance: jax.Array
-    converged: jax.Array
+    result: jax.Array
+
+    @property
+    def converged(self) -> jax.Array:
+        """The design's solve succeeded (``result == RESULTS.successful``)."""
+        return self.result == RESULTS.successful
 
 
-def _analyze_impl(load_case, densities, penal, solver) -> Analysis:
+def _analyze_impl(load_case, densities, penal, solver, throw=False) -> Analysis:
     densities = jnp.asarray(densities, dtype=jnp.float64)
-    batch, moduli, force, free, ok, posed = _prepare(load_case, densities, penal)
+    batch, moduli, force, free, ok, posed, code = _prepare(load_case, densities, penal)
     nb = force.shape[1]
     # The design and the solid grid in one batched solve (one factorisation kernel).
     solid_moduli = simp_moduli(jnp.ones_like(moduli), jnp.broadcast_to(
         jnp.asarray(penal, jnp.float64), batch).reshape(-1))
-    k = _kernels.kernels(load_case.shape, solver)
-    u, conv, _ = linear_solve(k, jnp.concatenate([moduli, solid_moduli], axis=-1),
-                              jnp.concatenate([free, free], axis=-1),
-                              jnp.concatenate([force * free] * 2, axis=-1), reuse_factor=False)
+    u, solver_code, _ = ls.linear_solve(
+        _kernels(load_case, solver), jnp.concatenate([moduli, solid_moduli], axis=-1),
+        jnp.concatenate([free, free], axis=-1), jnp.concatenate([force * free] * 2, axis=-1),
+        reuse_state=False)
     c_both = jnp.sum(jnp.concatenate([force] * 2, axis=-1) * u, axis=0)
-    sol = Solution(
-        displacements=u[:, :nb].T.reshape(batch + (force.shape[0],)),
-        compliance=_finalise(c_both[:nb], ok).reshape(batch),
-        converged=conv[:nb].reshape(batch),
-        iterations=jnp.zeros(batch, jnp.int32),
-    )
+    compliance_ = _finalise(c_both[:nb], ok).reshape(batch)
+    result = _result(code, solver_code[:nb], c_both[:nb]).reshape(batch)
     solid = _finalise(c_both[nb:], posed).reshape(batch)
-    u = sol.displacements.reshape(sol.displacements.shape[:-1] + (-1, load_case.ndim))
+    u = u[:, :nb].T.reshape(batch + (-1, load_case.ndim))
     max_disp = jnp.max(jnp.sqrt(jnp.sum(u * u, axis=-1)), axis=-1)
     carrying = (
-        jnp.isfinite(sol.compliance)
+        jnp.isfinite(compliance_)
         & jnp.isfinite(solid)
-        & (sol.compliance <= SINGULARITY_RATIO * solid)
+        & (compliance_ <= SINGULARITY_RATIO * solid)
     )
     rho = jnp.clip(jnp.where(jnp.isfinite(densities), densities, 0.0), 0.0, 1.0)
-    vf = jnp.broadcast_to(jnp.mean(rho, axis=_grid_axes(load_case)), sol.compliance.shape)
-    return Analysis(
-        compliance=sol.compliance,
+    vf = jnp.broadcast_to(jnp.mean(rho, axis=_grid_axes(load_case)), compliance_.shape)
+    out = Analysis(
+        compliance=compliance_,
         volume_fraction=vf,
-        max_displacement=jnp.where(jnp.isfinite(sol.compliance), max_disp, 0.0),
+        max_displacement=jnp.where(jnp.isfinite(compliance_), max_disp, 0.0),
         load_carrying=carrying,
         solid_compliance=solid,
-        converged=sol.converged,
+        result=result,
     )
+    return _throw(out, result) if throw else out
 
 
 # ----------------------------------------------------------------------------
@@ -302,21 +279,24 @@ def _analyze_impl(load_case, densities, penal, solver) -> Analysis:
 # load direction never compiles again); under a caller's jit/vmap/grad the
 # program is simply inlined.
 
-_JIT = {name: jax.jit(fn, static_argnames=("solver",)) for name, fn in
-        (("solve", _solve_impl), ("compliance", _compliance_impl), ("analyze", _analyze_impl))}
+_IMPLS = {"solve": _solve_impl, "compliance": _compliance_impl, "analyze": _analyze_impl}
+_JIT = {name: jax.jit(fn, static_argnames=("solver", "throw")) for name, fn in _IMPLS.items()}
+# With throw=True: equinox's filter_jit, which reports a failed check as a readable error.
+_JIT_THROW = {name: eqx.filter_jit(fn) for name, fn in _IMPLS.items()}
 
 
 def _is_traced(tree) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
 
-def _call(name: str, load_case: LoadCase, densities, penal, solver):
+def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool):
     """Run one public program; eager batches are flattened and bucketed."""
     require_x64()
-    solver = as_solver(solver)
-    fn = _JIT[name]
+    solver = as_solver(solver, load_case.shape)
+    fn = functools.partial((_JIT_THROW if throw else _JIT)[name], solver=solver,
+                           throw=bool(throw))
     if _is_traced((load_case, densities, penal)):
-        return fn(load_case, densities, penal, solver=solver)
+        return fn(load_case, densities, penal)
     densities = np.asarray(densities, np.float64)
     penal = np.asarray(penal, np.float64)
     shape = load_case.shape
@@ -324,7 +304,7 @@ def _call(name: str, load_case: LoadCase, densities, penal, solver):
     batch = np.broadcast_shapes(load_case.batch_shape, densities.shape[:-load_case.ndim],
                                 penal.shape)
     if not batch:
-        return fn(load_case, densities, penal, solver=solver)
+        return fn(load_case, densities, penal)
     nb = math.prod(batch)
     size = bucket_size(nb)
     idx = np.minimum(np.arange(size), nb - 1)  # pad by repeating the last sample
@@ -335,14 +315,15 @@ def _call(name: str, load_case: LoadCase, densities, penal, solver):
 
     case = jax.tree.map(lambda a: flat(a, np.shape(a)[len(load_case.batch_shape):]),
                         load_case)
-    out = fn(case, flat(densities, shape), flat(penal, ()), solver=solver)
+    out = fn(case, flat(densities, shape), flat(penal, ()))
     # Unpad on the host: an eager slice would compile once per batch size.
     # (jax.device_put, not jnp.asarray: the latter stages a program per shape.)
     return jax.tree.map(
         lambda a: jax.device_put(np.asarray(a)[:nb].reshape(batch + a.shape[1:])), out)
 
 
-def solve(load_case: LoadCase, densities, penal=3.0, solver="banded") -> Solution:
+def solve(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False
+          ) -> Solution:
     """Solve $K(\\rho) u = f$ for densities with any leading batch axes.
 
     Differentiable in both modes (``jax.grad``, ``jax.jvp``, ``jax.jacfwd``,
@@ -354,18 +335,22 @@ def solve(load_case: LoadCase, densities, penal=3.0, solver="banded") -> Solutio
 
     Args:
         load_case: boundary conditions (possibly batched).
-        densities: (..., nely, nelx) densities, clipped to [0, 1]; the batch axes
+        densities: (..., *cells) densities, clipped to [0, 1]; the batch axes
             broadcast against the load case's.
         penal: SIMP exponent $p$, a scalar or an array of the batch shape.
-        solver: ``"banded"``, ``"dense"``, ``"cg"`` or a :class:`Solver`.
+        solver: a solver object (:class:`Banded`, :class:`Dense`, :class:`CG`,
+            :class:`Multigrid`), its name, or None (:func:`default_solver`).
+        throw: raise an error (at run time, also under ``jit``) if any solve
+            did not succeed, naming its :class:`RESULTS` code.
 
     Returns:
         A :class:`Solution` with the broadcast batch shape.
     """
-    return _call("solve", load_case, densities, penal, solver)
+    return _call("solve", load_case, densities, penal, solver, throw)
 
 
-def compliance(load_case: LoadCase, densities, penal=3.0, solver="banded") -> jax.Array:
+def compliance(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False
+               ) -> jax.Array:
     """Compliance $c = f \\cdot u$ of densities under a load case.
 
     jit-able, vmap-able, batchable (see :func:`solve` for the arguments) and
@@ -375,26 +360,28 @@ def compliance(load_case: LoadCase, densities, penal=3.0, solver="banded") -> ja
     nor a JVP needs an extra solve; a Hessian-vector product needs one.
 
     Returns:
-        (...) compliance; +inf for load-less, support-less or invalid problems.
+        (...) compliance; +inf for load-less, support-less or invalid problems
+        and for solves that did not succeed (:func:`solve` reports why).
     """
-    return _call("compliance", load_case, densities, penal, solver)
+    return _call("compliance", load_case, densities, penal, solver, throw)
 
 
-def analyze(load_case: LoadCase, densities, penal=3.0, solver="banded") -> Analysis:
+def analyze(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False
+            ) -> Analysis:
     """Solve a design and report its structural response.
 
     Densities are used as given (callers set L/S cells solid; see
     :func:`sphyr_jax.scoring.metrics.get_structural_metrics`).
     """
-    return _call("analyze", load_case, densities, penal, solver)
+    return _call("analyze", load_case, densities, penal, solver, throw)
 
 
 @jax.jit
 def _strain_energy(load_case: LoadCase, displacements):
-    k = _kernels.kernels(load_case.shape, Solver())
+    grid = st.get_grid(load_case.shape)
     batch = displacements.shape[:-1]
-    u = jnp.asarray(displacements, jnp.float64).reshape((-1, k.grid.n_dofs)).T
-    e = k.energy(u, u)
+    u = jnp.asarray(displacements, jnp.float64).reshape((-1, grid.n_dofs)).T
+    e = st.element_energy(grid, u, u)
     return jnp.moveaxis(e, -1, 0).reshape(batch + load_case.shape)
 
 
@@ -405,13 +392,12 @@ def element_strain_energy(load_case: LoadCase, displacements: jax.Array) -> jax.
 
 @jax.jit
 def _dense_stiffness(free_dofs, densities, penal):
-    mesh = get_mesh(*densities.shape)
+    grid = st.get_grid(densities.shape)
     moduli = simp_moduli(jnp.asarray(densities, jnp.float64), penal)[..., None]
-    return _kernels.dense_matrix(mesh, moduli, free_dofs.astype(jnp.float64)[:, None])[0]
+    return st.dense_matrix(grid, moduli, free_dofs.astype(jnp.float64)[:, None])[0]
 
 
 def dense_stiffness(load_case: LoadCase, densities, penal=3.0) -> np.ndarray:
     """Masked dense stiffness matrix of one sample (for inspection and tests)."""
     return np.asarray(_dense_stiffness(load_case.free_dofs, np.asarray(densities, np.float64),
                                        np.float64(penal)))
-

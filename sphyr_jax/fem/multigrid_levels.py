@@ -217,18 +217,3 @@ def fine_coarse_matrices(level: Level, ke, moduli, free_e):
         part = _galerkin(pj[c], g)
         total = part if total is None else total + part
     return total
-
-
-def _assemble_dense(level: Level, kes):
-    """Dense flat matrix (B, n, n) of element matrices (m, m, *cells, B)."""
-    return assemble_dense(st.get_grid(level.cells), kes)
-
-
-def assemble_dense(grid: st.StructuredGrid, kes):
-    """Dense flat matrix (B, n, n) of element matrices (m, m, *cells, B)."""
-    edofs = jnp.asarray(st.element_dofs(grid))  # (n_cells, m)
-    nb = kes.shape[-1]
-    m = kes.shape[0]
-    vals = jnp.moveaxis(kes.reshape(m, m, -1, nb), (3, 2), (0, 1))  # (B, n_cells, m, m)
-    k = jnp.zeros((nb, grid.n_dofs, grid.n_dofs), kes.dtype)
-    return k.at[:, edofs[:, :, None], edofs[:, None, :]].add(vals)

@@ -5,7 +5,7 @@ elements.Element` per cell: Q4 in 2D, H8 in 3D) has a node lattice of shape
 ``(n_0 + 1, ..., n_{d-1} + 1)`` numbered row-major (C order).  Axes are printed
 axes: ``(row, col)`` in 2D, ``(layer, row, col)`` in 3D, index 0 printed first.
 
-DOF order (the same as :mod:`sphyr_jax.fem.mesh` in 2D): node ``n`` owns DOFs
+DOF order: node ``n`` owns DOFs
 ``d n + k``, component ``k`` pointing along grid axis ``d - 1 - k`` (2D: x then
 y-down; 3D: along increasing column, row, layer).  A *flat* nodal vector has
 shape ``(n_dofs, ...)``.
@@ -14,7 +14,7 @@ Internally (and in every ``*_lattice`` function) nodal fields use the
 component-first *lattice* layout ``(d, n_0 + 1, ..., n_{d-1} + 1, ...)`` and
 element fields the local-DOF-first layout ``(d 2^d, n_0, ..., n_{d-1}, ...)``
 (local DOF ``d a + k`` = component ``k`` of local node ``a``).  Trailing axes
-``...`` are batch axes (batch *last*, as in :mod:`sphyr_jax.fem._banded`), so every
+``...`` are batch axes (batch *last*, the layout of every solver), so every
 operation is a fused vector loop over the batch and nothing gathers or
 scatters: element extraction is $2^d$ static slices, nodal accumulation $2^d$
 static pads.
@@ -81,14 +81,6 @@ def get_grid(cells: tuple[int, ...]) -> StructuredGrid:
     return StructuredGrid(cells=cells, element=get_element(len(cells)))
 
 
-def grid_of(moduli_or_cells, batch_axes: int = 0) -> StructuredGrid:
-    """Grid of a shape tuple, or of an element array with ``batch_axes`` trailing axes."""
-    if isinstance(moduli_or_cells, tuple):
-        return get_grid(moduli_or_cells)
-    shape = moduli_or_cells.shape
-    return get_grid(tuple(shape[: len(shape) - batch_axes]))
-
-
 # ----------------------------------------------------------------------------
 # Static connectivity (NumPy; for sparse assembly, tests and inspection).
 
@@ -96,8 +88,10 @@ def grid_of(moduli_or_cells, batch_axes: int = 0) -> StructuredGrid:
 def element_dofs(grid: StructuredGrid) -> np.ndarray:
     """Global (flat) DOFs of every element in local order, shape (n_cells, d 2^d).
 
-    Elements are numbered row-major over ``cells``; equal to
-    :func:`sphyr_jax.fem.mesh.element_dofs` in 2D.
+    Elements are numbered row-major over ``cells``.  In 2D element
+    ``e = row * nelx + col`` has DOFs ``[x_TL, y_TL, x_TR, y_TR, x_BR, y_BR,
+    x_BL, y_BL]`` of its corner nodes (top-left, top-right, bottom-right,
+    bottom-left).
     """
     d = grid.dim
     idx = np.indices(grid.cells).reshape(d, -1)  # (d, n_cells)
@@ -158,24 +152,6 @@ def nodal_accumulate_lattice(grid: StructuredGrid, elem: jax.Array) -> jax.Array
     return total
 
 
-def node_shares(grid: StructuredGrid, cell_values: jax.Array) -> jax.Array:
-    """Per-node sums of the values of the (up to $2^d$) cells around each node.
-
-    Args:
-        cell_values: (*cells, ...).
-
-    Returns:
-        (*node_shape, ...).
-    """
-    d = grid.dim
-    rest = cell_values.ndim - d
-    total = None
-    for off in grid.element.node_offsets:
-        part = jnp.pad(cell_values, tuple((o, 1 - o) for o in off) + ((0, 0),) * rest)
-        total = part if total is None else total + part
-    return total
-
-
 def apply_ke(grid: StructuredGrid, xe: jax.Array) -> jax.Array:
     """$K_e x_e$ (unit modulus) for element vectors (d 2^d, *cells, ...)."""
     ke = jnp.asarray(grid.element.ke, xe.dtype)
@@ -225,10 +201,25 @@ def diagonal_lattice(grid: StructuredGrid, moduli, free):
 
 
 def element_energy_lattice(grid: StructuredGrid, a, b):
-    """$a_e^T K_e b_e$ (unit modulus) per element, (*cells, ...)."""
+    """$a_e^T K_e b_e$ (unit modulus) per element, (*cells, ...).
+
+    Written as the sum $\\sum_{ij} (K_e)_{ij}\\, a_i b_j$ with the entries of
+    $K_e$ as constants, so XLA fuses it into one loop over the cells and the
+    batch (no element matrix product is materialised).
+    """
     ae = element_values_lattice(grid, a)
     be = element_values_lattice(grid, b)
-    return jnp.sum(ae * apply_ke(grid, be), axis=0)
+    ke = grid.element.ke
+    total = None
+    for i in range(ke.shape[0]):
+        row = None
+        for j in range(ke.shape[1]):
+            if ke[i, j] != 0.0:
+                term = float(ke[i, j]) * be[j]
+                row = term if row is None else row + term
+        part = ae[i] * row
+        total = part if total is None else total + part
+    return total
 
 
 # ----------------------------------------------------------------------------
@@ -259,3 +250,31 @@ def diagonal(grid: StructuredGrid, moduli, free):
 def element_energy(grid: StructuredGrid, a, b):
     """$a_e^T K_e b_e$ per element for flat vectors (n_dofs, ...), shape (*cells, ...)."""
     return element_energy_lattice(grid, to_lattice(grid, a), to_lattice(grid, b))
+
+
+# ----------------------------------------------------------------------------
+# Dense assembly (small grids: the dense solver, fallbacks, tests).
+
+
+def assemble_dense(grid: StructuredGrid, kes):
+    """Dense flat matrices (B, n_dofs, n_dofs) of element matrices (m, m, *cells, B)."""
+    edofs = jnp.asarray(element_dofs(grid))  # (n_cells, m)
+    nb = kes.shape[-1]
+    m = kes.shape[0]
+    vals = jnp.moveaxis(kes.reshape(m, m, -1, nb), (3, 2), (0, 1))  # (B, n_cells, m, m)
+    k = jnp.zeros((nb, grid.n_dofs, grid.n_dofs), kes.dtype)
+    return k.at[:, edofs[:, :, None], edofs[:, None, :]].add(vals)
+
+
+def dense_matrix(grid: StructuredGrid, moduli, free):
+    """Dense masked stiffness $\\tilde K$ (B, n_dofs, n_dofs) from batch-last inputs.
+
+    Args:
+        moduli: (*cells, B) element moduli.
+        free: (n_dofs, B) free-DOF mask (0/1 floats).
+    """
+    ke = jnp.asarray(grid.element.ke, moduli.dtype)
+    kes = ke.reshape(ke.shape + (1,) * moduli.ndim) * moduli[None, None]
+    fr = jnp.moveaxis(free, -1, 0)  # (B, n)
+    k = assemble_dense(grid, kes)
+    return k * fr[:, :, None] * fr[:, None, :] + jax.vmap(jnp.diag)(1.0 - fr)

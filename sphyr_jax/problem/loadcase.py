@@ -3,8 +3,8 @@
 A :class:`LoadCase` holds everything that varies between samples of one grid
 shape as arrays (masks, pinned densities, force vector, free-DOF mask, load
 direction, material budget), so load cases of one shape stack into a batch and
-one compiled function serves them all.  DOF conventions: :mod:`sphyr_jax.fem.mesh`
-(2D) and :mod:`sphyr_jax.fem.structured` (any dimension; the same order in 2D).
+one compiled function serves them all.  DOF conventions:
+:mod:`sphyr_jax.fem.structured` (node ``n`` owns DOFs ``d n + k``, in any dimension).
 
 3D load cases have the same fields with a third grid axis: masks (nz, ny, nx)
 in printed order (layer 0 on top), ``3 (nz+1)(ny+1)(nx+1)`` DOFs and a

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from sphyr_jax.fem import fea
+from sphyr_jax.fem.solvers import result_name
 from sphyr_jax.problem.grids import (
     InvalidProblemError,
     densities_from_grid,
@@ -46,7 +47,7 @@ from sphyr_jax.problem.loadcase import (
 )
 from sphyr_jax.scoring.static import StaticMetrics, static_metrics_batch
 from sphyr_jax.sharding import batch_call, bucket_size, device_count
-from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
+from sphyr_jax.topopt.optimum import OptimumCache, cache_for
 
 STRUCTURAL_METRIC_KEYS = (
     "topology_score",
@@ -64,6 +65,10 @@ class StructuralMetrics:
 
     Ratios are in [0, 1] and higher is better (``structural_efficiency_raw``
     is unclipped); compliances are raw and lower is better.
+    ``solver_result`` names how the completion's solve ended
+    (:data:`sphyr_jax.fem.solvers.RESULTS`: ``"successful"``,
+    ``"max_iterations_reached"``, ``"nonfinite_input"``, ``"no_load_path"``,
+    ``"breakdown"``); None when nothing was solved (not physically valid).
     """
 
     physically_valid: bool = False
@@ -85,6 +90,7 @@ class StructuralMetrics:
     unfilled_cells: int = 0
     unparsable_cells: int = 0
     invalid_reason: str | None = None
+    solver_result: str | None = None
 
     def as_dict(self) -> dict:
         """JSON-ready fields; non-finite numbers become None."""
@@ -326,7 +332,7 @@ def score_batch(
         ValueError: ``optimum`` is unknown or differs from the cache's.
     """
     fea.require_x64()
-    cache = _cache_for(cache, optimum, num_devices)
+    cache = cache_for(cache, optimum, num_devices)
     samples: list[_Sample] = []
     positions: dict = {}
     prepared = [_prepare(item, max_cells, samples, positions) for item in items]
@@ -390,6 +396,7 @@ def score_batch(
             m.optimal_compliance = c_opt
             m.load_carrying = bool(out.load_carrying[j])
             m.max_displacement = float(out.max_displacement[j])
+            m.solver_result = result_name(out.result[j])
             m.volume_fraction = vf
             m.ground_truth_volume_fraction = vf_gt
             m.volume_ratio = vf / vf_gt if vf_gt > 0 else 0.0
@@ -417,15 +424,6 @@ def static_of(items: Sequence[ScoreItem]) -> list[StaticMetrics]:
     return static_metrics_batch([item.input_grid for item in items],
                                 [item.completion for item in items],
                                 [item.ground_truth for item in items], gravities)
-
-
-def _cache_for(cache: OptimumCache | None, optimum, num_devices) -> OptimumCache:
-    """The given cache (checked against ``optimum``) or a fresh one for it."""
-    if cache is None:
-        return OptimumCache(optimum=optimum or "reference", num_devices=num_devices)
-    if optimum is not None and optimum_name(optimum_options(optimum)) != cache.optimum:
-        raise ValueError(f"optimum={optimum!r} but the cache holds {cache.optimum!r} optima")
-    return cache
 
 
 def get_structural_metrics(

@@ -41,7 +41,7 @@ from sphyr_jax.scoring.metrics import (
 )
 from sphyr_jax.scoring.static import STATIC_METRIC_KEYS
 from sphyr_jax.sharding import device_count
-from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
+from sphyr_jax.topopt.optimum import OptimumCache, cache_for
 
 RESULTS_SUFFIX = "_results.json"
 AGGREGATED_SUFFIX = "_aggregated_results.json"
@@ -331,12 +331,9 @@ def rescore_tree(
         ValueError: ``optimum`` is unknown or differs from the cache's.
     """
     start = time.perf_counter()
-    if cache is None:
-        cache = OptimumCache(optimum=optimum or "reference", num_devices=num_devices)
-    elif optimum is not None and optimum_name(optimum_options(optimum)) != cache.optimum:
-        raise ValueError(f"optimum={optimum!r} but the cache holds {cache.optimum!r} optima")
+    cache = cache_for(cache, optimum, num_devices)
     hits0, computed0 = cache.hits, cache.computed
-    summary = RescoreSummary(devices=device_count(num_devices), optimum=cache.optimum)
+    summary = RescoreSummary(devices=device_count(num_devices), optimum=cache.yardstick)
 
     def skip(path, reason):
         summary.skipped.append((str(path), reason))
@@ -354,11 +351,11 @@ def rescore_tree(
             skip(rf.path, str(exc).replace(f"{rf.path}: ", ""))
     for rf, _ in loaded:
         previous = previous_optimum(rf)
-        if previous is not None and previous != cache.optimum:
+        if previous is not None and previous != cache.yardstick:
             summary.switched.append((str(rf.path), previous))
             if log is not None:
                 log(f"{rf.path}: its figures came from the {previous!r} yardstick; "
-                    f"rescoring with {cache.optimum!r}")
+                    f"rescoring with {cache.yardstick!r}")
     flat = [(k, i, rec) for k, (rf, recs) in enumerate(loaded) for i, rec in enumerate(recs)]
     items = [_item(rec, loaded[k][0].gravity_dir) for k, _, rec in flat]
     step = max(1, chunk)
@@ -379,7 +376,7 @@ def rescore_tree(
         row = {"model": rf.model, "subject": rf.subject, "records": len(records),
                **_means(records, LEADERBOARD_KEYS)}
         if not dry_run:
-            written = _write_pair(rf, records, cache.optimum, skip)
+            written = _write_pair(rf, records, cache.yardstick, skip)
             if not written:
                 continue
             summary.written.extend(written)

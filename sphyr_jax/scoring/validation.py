@@ -25,7 +25,7 @@ from sphyr_jax.problem.grids import as_grid, grid_ndim
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY
 from sphyr_jax.scoring.metrics import ScoreItem, score_batch
 from sphyr_jax.sharding import device_count
-from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
+from sphyr_jax.topopt.optimum import OptimumCache, cache_for
 
 PROBES = ("dataset answer", "2 cells flipped", "10 cells flipped", "filled solid",
           "left empty")
@@ -133,10 +133,7 @@ def validate_records(records, subject: str, hard: bool | None = None,
     """
     start = time.perf_counter()
     hard = subject.endswith("hard") if hard is None else hard
-    if cache is None:
-        cache = OptimumCache(optimum=optimum or "reference", num_devices=num_devices)
-    elif optimum is not None and optimum_name(optimum_options(optimum)) != cache.optimum:
-        raise ValueError(f"optimum={optimum!r} but the cache holds {cache.optimum!r} optima")
+    cache = cache_for(cache, optimum, num_devices)
     hits0, computed0 = cache.hits, cache.computed
     items, owners = [], []
     for i, rec in enumerate(records):
@@ -162,4 +159,4 @@ def validate_records(records, subject: str, hard: bool | None = None,
         subject=subject, samples=len(records), rows=rows, beaten=int(beaten),
         seconds=time.perf_counter() - start, optimisations=cache.computed - computed0,
         cache_hits=cache.hits - hits0, devices=device_count(num_devices),
-        optimum=cache.optimum)
+        optimum=cache.yardstick)

@@ -15,7 +15,8 @@ the same factorisation) and through the filter; the update is the classic
 optimality-criteria rule with a move limit and a bisection on the volume
 multiplier.  Every sample of a batch runs in the same ``lax.while_loop`` with
 its own convergence flag (largest design change below ``tol``), so samples
-with different load cases, masks, budgets and penalties batch together.
+with different load cases, masks, budgets and penalties batch together.  The
+budget follows :mod:`sphyr_jax.topopt.budget`.
 
 Arrays are batch-first: designs (B, nely, nelx), flattened to (B, nel) inside.
 """
@@ -32,6 +33,7 @@ import numpy as np
 
 from sphyr_jax.fem import fea
 from sphyr_jax.problem.loadcase import LoadCase
+from sphyr_jax.topopt.budget import free_budget
 
 DEFAULT_FILTER_RADIUS = 1.2
 DEFAULT_MOVE_LIMIT = 0.2
@@ -51,14 +53,15 @@ class SimpOptions:
         move_limit: largest change of a design variable per iteration.
         tol: convergence threshold on the largest design change.
         max_iterations: iteration bound.
-        solver: linear solver (see :class:`sphyr_jax.fem.fea.Solver`).
+        solver: linear solver (a :mod:`sphyr_jax.fem.solvers` object or name;
+            None: the grid's default).
     """
 
     filter_radius: float = DEFAULT_FILTER_RADIUS
     move_limit: float = DEFAULT_MOVE_LIMIT
     tol: float = DEFAULT_TOLERANCE
     max_iterations: int = DEFAULT_MAX_ITERATIONS
-    solver: fea.Solver = fea.Solver()
+    solver: fea.Solver | str | None = None
 
 
 DEFAULT_OPTIONS = SimpOptions()
@@ -102,28 +105,13 @@ def physical_densities(x, design_mask, pinned, radius=DEFAULT_FILTER_RADIUS, ndi
     return jnp.where(design_mask, apply_filter(full, radius, ndim), pinned)
 
 
-def budget_split(design_mask, pinned, volume_fraction):
-    """(target volume, material left for design cells) in cells.
-
-    The pinned material is paid first: $V_{free} = \\min(\\max(vf\\,n - V_{pinned},
-    0), n_{design})$ and the target is $V_{pinned} + V_{free}$.
-    """
-    # The budget carries the batch shape, so the grid axes are the rest.
-    axes = tuple(range(jnp.ndim(volume_fraction) - jnp.ndim(design_mask), 0))
-    nel = int(np.prod(jnp.shape(design_mask)[len(jnp.shape(design_mask)) + axes[0]:]))
-    pinned_volume = jnp.sum(jnp.where(design_mask, 0.0, pinned), axis=axes)
-    n_design = jnp.sum(design_mask, axis=axes)
-    free_budget = jnp.clip(volume_fraction * nel - pinned_volume, 0.0, n_design)
-    return pinned_volume + free_budget, free_budget
-
-
 def initial_design(load_case: LoadCase, warm_start=None):
     """Uniform budget on design cells (cold) or a clipped warm start."""
-    _, free_budget = budget_split(load_case.design_mask, load_case.pinned,
-                                  load_case.volume_fraction)
+    free, _ = free_budget(load_case.design_mask, load_case.pinned, load_case.volume_fraction,
+                          load_case.ndim)
     axes = tuple(range(-load_case.ndim, 0))
     n_design = jnp.maximum(jnp.sum(load_case.design_mask, axis=axes), 1)
-    uniform = (free_budget / n_design).reshape(jnp.shape(n_design) + (1,) * load_case.ndim)
+    uniform = (free / n_design).reshape(jnp.shape(n_design) + (1,) * load_case.ndim)
     start = uniform if warm_start is None else jnp.clip(warm_start, 1e-3, 1.0)
     return jnp.where(load_case.design_mask, start, load_case.pinned)
 
@@ -240,7 +228,9 @@ class _Problem(eqx.Module):
 def _problem(load_case: LoadCase, h, hs) -> _Problem:
     mask = _flat(jnp.asarray(load_case.design_mask, bool), load_case.ndim)
     pinned = _flat(jnp.asarray(load_case.pinned, jnp.float64), load_case.ndim)
-    target, _ = budget_split(load_case.design_mask, load_case.pinned, load_case.volume_fraction)
+    free, pinned_volume = free_budget(load_case.design_mask, load_case.pinned,
+                                      load_case.volume_fraction, load_case.ndim)
+    target = pinned_volume + free
     # Volume of the physical design = sum_j dv_j x_j (design cells) + const.
     weights = jnp.einsum("bi,bij->bj", mask / hs, h)  # sum over design rows i of H_ij / hs_i
     off = jnp.where(mask, 0.0, pinned)
@@ -354,7 +344,7 @@ def optimize(load_case: LoadCase, penal, x0=None, options: SimpOptions = DEFAULT
     """Run SIMP on a batch of samples in one compiled loop.
 
     Every run iterates in lockstep until all are finished; for large,
-    heterogeneous batches :func:`sphyr_jax.topopt.optimum.run_simp_batch` schedules
+    heterogeneous batches :func:`sphyr_jax.topopt.strong.run_simp_batch` schedules
     runs through a slot pool instead, so early finishers do not idle.
 
     Args:

@@ -7,13 +7,16 @@ published scoring takes the stiffest within-budget design among
 * 8 designs: cold SIMP runs at p = 1, 2, 3; a continuation chain p = 1 -> 2 -> 3
   (its first stage *is* the cold p = 1 run; later stages start from the
   previous stage's physical densities); the answer; a p = 3 run from the answer;
-* the budget rounding of each (:func:`round_to_budget`), in the order
+* the budget rounding of each (:func:`~sphyr_jax.topopt.budget.round_to_budget`), in the order
   design, rounding, design, rounding, ...; first one wins a tie;
 
 then polishes the rounding of the winner by single swaps
-(:mod:`sphyr_jax.topopt.yardstick_polish`) and keeps the polish if it is stiffer and within budget.
+(:mod:`sphyr_jax.topopt.yardstick_polish`) and keeps the polish if it is stiffer and
+within budget (:mod:`sphyr_jax.topopt.budget`).  Settings:
+:class:`~sphyr_jax.topopt.options.ReferenceOptions`.
 
-Voxel grids (SPhyR-3D) run the same program with :data:`VOXEL_REFERENCE`:
+Voxel grids (SPhyR-3D) run the same program with
+:data:`~sphyr_jax.topopt.options.VOXEL_REFERENCE`:
 the six runs share two pool slots per sample, every solve is a multigrid CG
 (to :data:`VOXEL_SIMP_SOLVE_TOL` inside SIMP, 1e-10 for scores), the filter is
 the 3D cone (a voxel and its 6 face neighbours at radius 1.2), and each swap
@@ -38,7 +41,6 @@ Arrays are batch-first; designs are flattened to (B, nel) inside.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import math
@@ -48,81 +50,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from sphyr_jax.fem import fea
+from sphyr_jax.fem.solvers import Multigrid
 from sphyr_jax.problem.loadcase import LoadCase
 from sphyr_jax.sharding import batch_call, device_count
 from sphyr_jax.topopt import yardstick_polish
+from sphyr_jax.topopt.budget import budget_limit, free_budget, round_to_budget
+from sphyr_jax.topopt.options import DEFAULT_REFERENCE, ReferenceOptions, grid_options
+from sphyr_jax.topopt.result import OptimumResult
 
-VERSION = 1
 BUCKETS = (1, 4, 16, 64)  # samples per compiled program (padded inside)
 VOXEL_BUCKETS = (1, 2, 4, 8, 16)  # the same on voxel grids (every slot costs a solve)
 VOXEL_SIMP_SOLVE_TOL = 1e-8  # relative CG residual of the SIMP solves on voxel grids
-BUDGET_SLACK = 1e-9  # cells; a candidate may spend vf * nel + slack
 BISECTION_TOL = 1e-6
 BISECTION_BRACKET = (1e-9, 1e9)
-
-
-@dataclasses.dataclass(frozen=True)
-class ReferenceOptions:
-    """Settings of the reference yardstick (the published values).
-
-    Attributes:
-        filter_radius: cone filter radius (1.2: a cell and its 4 edge neighbours).
-        move_limit: largest design change per OC step.
-        tol: SIMP stops when the largest design change falls below this.
-        max_iterations: SIMP iterations per run.
-        penal_schedule: penalties of the cold runs and of the chain.
-        penal: penalty of the seeded run and of every score.
-        polish_passes: swap passes.
-        source_limit: solid cells (lowest strain energy) offered per pass.
-        target_limit: empty cells (highest neighbour energy) offered per pass.
-        num_devices: devices a batch is split over (None: all local).
-    """
-
-    filter_radius: float = 1.2
-    move_limit: float = 0.2
-    tol: float = 1e-3
-    max_iterations: int = 500
-    penal_schedule: tuple[float, float, float] = (1.0, 2.0, 3.0)
-    penal: float = 3.0
-    polish_passes: int = 3
-    source_limit: int = 16
-    target_limit: int = 24
-    num_devices: int | None = None
-
-    def key(self) -> dict:
-        """Everything the optimum depends on (cache keys)."""
-        out = dataclasses.asdict(self)
-        out.pop("num_devices")
-        out["penal_schedule"] = list(self.penal_schedule)
-        return {"yardstick": "reference", "version": VERSION, **out}
-
-    def static(self) -> tuple:
-        """The hashable settings a compiled program depends on."""
-        return (self.filter_radius, self.move_limit, self.tol, self.max_iterations,
-                tuple(self.penal_schedule), self.penal, self.polish_passes,
-                self.source_limit, self.target_limit)
-
-
-DEFAULT_REFERENCE = ReferenceOptions()
-# The same recipe on voxel grids (SPhyR-3D has no published optimum): SIMP
-# runs stop at a largest design change of 1e-2 (the usual 3D setting, as in
-# top3d) or after 100 iterations; the swap polish offers the 4 least strained
-# solid voxels x the 6 empty voxels beside the most strained ones per pass,
-# each pair solved outright (:func:`sphyr_jax.topopt.yardstick_polish.polish_exact`).
-VOXEL_REFERENCE = ReferenceOptions(tol=1e-2, max_iterations=100, source_limit=4,
-                                   target_limit=6)
-
-
-def grid_options(options: ReferenceOptions, ndim: int) -> ReferenceOptions:
-    """The settings used on grids of ``ndim`` axes.
-
-    Voxel grids given the published (2D) settings get :data:`VOXEL_REFERENCE`
-    (``num_devices`` kept); any other settings are used as they are.
-    """
-    plain = dataclasses.replace(options, num_devices=None)
-    if ndim == 3 and plain == DEFAULT_REFERENCE:
-        return dataclasses.replace(VOXEL_REFERENCE, num_devices=options.num_devices)
-    return options
 
 
 # ----------------------------------------------------------------------------
@@ -167,38 +107,6 @@ def apply_stencil(x, idx, w):
     return out
 
 
-def free_budget(design_mask, pinned, volume_fraction):
-    """Material (cells) left for the design cells: clip(vf n - pinned, 0, n_design).
-
-    Args:
-        design_mask: (..., nel) bool; pinned: (..., nel); volume_fraction: (...).
-
-    Returns:
-        (free budget (...), pinned volume (...)).
-    """
-    nel = design_mask.shape[-1]
-    pinned_volume = jnp.sum(jnp.where(design_mask, 0.0, pinned), axis=-1)
-    n_design = jnp.sum(design_mask, axis=-1).astype(pinned.dtype)
-    return jnp.clip(volume_fraction * nel - pinned_volume, 0.0, n_design), pinned_volume
-
-
-def round_to_budget(x, design_mask, budget):
-    """The published budget rounding of designs (..., nel).
-
-    With $t = \\lfloor budget + 10^{-9} \\rfloor$ the design cells at or above the
-    $t$-th largest design-cell density become 1 (every cell tied with that
-    threshold included), the other design cells 0; other cells keep their
-    value.  $t \\le 0$: all design cells 0; $t \\ge$ their count: all 1.
-    """
-    t = jnp.floor(budget + 1e-9).astype(jnp.int32)
-    n_design = jnp.sum(design_mask, axis=-1)
-    ordered = -jnp.sort(jnp.where(design_mask, -x, jnp.inf), axis=-1)  # descending
-    kth = jnp.take_along_axis(ordered, jnp.clip(t - 1, 0, x.shape[-1] - 1)[..., None],
-                              axis=-1)[..., 0]
-    threshold = jnp.where(t <= 0, jnp.inf, jnp.where(t >= n_design, -jnp.inf, kth))
-    return jnp.where(design_mask, (x >= threshold[..., None]).astype(x.dtype), x)
-
-
 def _pow(x, e):
     """$x^e$ for exponents 0, 1, 2 exactly as a multiplication (else ``power``)."""
     return jnp.where(e == 0.0, 1.0, jnp.where(e == 1.0, x, jnp.where(e == 2.0, x * x,
@@ -212,7 +120,7 @@ def _energies(case: LoadCase, x, penal):
     multigrid CG to a relative residual of :data:`VOXEL_SIMP_SOLVE_TOL`.
     """
     shape = case.shape
-    solver = "banded" if case.ndim == 2 else fea.Solver("multigrid", tol=VOXEL_SIMP_SOLVE_TOL)
+    solver = "banded" if case.ndim == 2 else Multigrid(tol=VOXEL_SIMP_SOLVE_TOL)
     sol = fea.solve(case, x.reshape((-1,) + shape), penal, solver)
     e = fea.element_strain_energy(case, sol.displacements)
     return sol.compliance, e.reshape(x.shape)
@@ -253,7 +161,7 @@ def _simp_runs(case: LoadCase, seed, active, static):
         case: batched load cases (B).
         seed: (B, nel) seed designs (the dataset answers).
         active: (B,) bool; inactive (padding) samples do not iterate.
-        static: :meth:`ReferenceOptions.static`.
+        static: :meth:`~sphyr_jax.topopt.options.ReferenceOptions.static`.
 
     Returns:
         (designs (B, 8, nel), iterations (B,), capped (B,): a run hit the
@@ -404,7 +312,7 @@ def _program(case: LoadCase, seed, active, *, static):
     rounded = round_to_budget(designs, mask[:, None], budget[:, None])
     cands = jnp.stack([designs, rounded], axis=2).reshape(nb, 16, nel)  # d0, r0, d1, ...
     c = fea.compliance(case, cands.transpose(1, 0, 2).reshape((16, nb) + shape), penal).T
-    limit = case.volume_fraction * nel + BUDGET_SLACK
+    limit = budget_limit(case.volume_fraction, nel)
     ok = (jnp.sum(cands, axis=-1) <= limit[:, None]) & (c < jnp.inf)
     winner = jnp.where(jnp.any(ok, axis=-1), jnp.argmin(jnp.where(ok, c, jnp.inf), axis=-1), 15)
     best_x = jnp.take_along_axis(cands, winner[:, None, None], axis=1)[:, 0]
@@ -436,23 +344,22 @@ def _bucket(n: int, ndim: int = 2) -> int:
 
 def reference_optimum_batch(load_case: LoadCase, seeds=None,
                             options: ReferenceOptions = DEFAULT_REFERENCE,
-                            progress=None):
+                            progress=None) -> OptimumResult:
     """Reference-yardstick optima of many samples.
 
     Args:
         load_case: batched load cases (leading axis B); ``volume_fraction`` is
             each sample's budget and ``pinned`` its dataset answer.
-        seeds: optional (B, nely, nelx) seed designs (default: the answers).
-        options: settings (the published ones by default).
+        seeds: optional (B, *cells) seed designs (default: the answers).
+        options: settings (the published ones by default; on voxel grids see
+            :func:`~sphyr_jax.topopt.options.grid_options`).
         progress: optional callable(stage, done, total).
 
     Returns:
-        An :class:`sphyr_jax.topopt.optimum.OptimumResult` (NumPy) plus, in
-        ``winner``, which candidate won (0..15 in the published order, 16: the
-        polish).
+        An :class:`~sphyr_jax.topopt.result.OptimumResult` (NumPy) whose
+        ``winner`` says which candidate won (0..15 in the published order,
+        16: the polish).
     """
-    from sphyr_jax.topopt.optimum import OptimumResult
-
     fea.require_x64()
     case_np = jax.tree.map(np.asarray, load_case)
     nb = case_np.load_mask.shape[0]
@@ -477,11 +384,11 @@ def reference_optimum_batch(load_case: LoadCase, seeds=None,
         if progress is not None:
             progress("optima", int(idx[-1]) + 1, nb)
     out = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
-    result = OptimumResult(
+    return OptimumResult(
         densities=out["densities"].reshape((nb,) + shape),
         compliance=out["compliance"],
         volume_fraction=out["densities"].reshape(nb, -1).mean(axis=1),
         iterations=out["iterations"],
         converged=out["converged"],
+        winner=out["winner"],
     )
-    return result, out["winner"]

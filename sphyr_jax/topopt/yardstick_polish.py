@@ -8,14 +8,9 @@ order, and the first pair whose compliance beats the best so far by more than
 1e-12 wins; a pass without one ends the polish (at most ``polish_passes``).
 
 The published method solves every pair from scratch.  Here a pass costs one
-factorisation: a swap changes two element moduli by $\\mp\\delta$, a rank-10
-change $W D W^T$ of $K$ ($W = [P_s V, P_t V]$ with the element's 5 deformation
-modes $V$, $D = \\mathrm{diag}(-\\delta\\Lambda, \\delta\\Lambda)$), so by the
-Sherman-Morrison-Woodbury identity
-
-$$c' = c - w^T (D^{-1} + W^T K^{-1} W)^{-1} w, \\qquad w = W^T u,$$
-
-with $K^{-1} W$ restricted to the DOFs of the ranked cells from one forward
+factorisation: a swap is a rank-10 change of $K$, scored by the
+Sherman-Morrison-Woodbury identity (:mod:`sphyr_jax.topopt.swaps`), with
+$K^{-1} W$ restricted to the DOFs of the ranked cells from one forward
 substitution ($W^T K^{-1} W = (L^{-1} W)^T (L^{-1} W)$).  Every accepted design
 is solved exactly at the start of the next pass (its energies rank the next
 pass's cells), and the reported compliance is that exact solve.
@@ -25,26 +20,17 @@ Arrays are batch-first (B, nel) outside, batch-last inside the solver.
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from sphyr_jax.fem import _banded, _small, fea
-from sphyr_jax.fem.mesh import E0, EMIN, get_mesh
+from sphyr_jax.fem import fea
+from sphyr_jax.fem import structured as st
 from sphyr_jax.problem.loadcase import LoadCase
+from sphyr_jax.topopt import swaps
 
 IMPROVEMENT = 1e-12  # absolute, as published
-
-
-@functools.lru_cache(maxsize=8)
-def element_modes(shape) -> tuple[np.ndarray, np.ndarray]:
-    """Deformation modes (8, 5) and their stiffnesses (5,) of the unit element."""
-    lam, vec = np.linalg.eigh(get_mesh(*shape).ke)
-    keep = lam > 1e-10 * lam.max()
-    return vec[:, keep], lam[keep]
 
 
 def neighbour_energy(e, solid):
@@ -90,20 +76,6 @@ def scan_first_better(c, ok, best):
     return best, sel
 
 
-def _exact(mesh, case: LoadCase, x, penal):
-    """Factor (batch-last), displacements (n, B) and compliance (B,) of designs (B, nel)."""
-    nb = x.shape[0]
-    moduli = fea.simp_moduli(x.reshape((nb,) + mesh.shape), penal)
-    free = jnp.asarray(case.free_dofs, jnp.float64).T  # (n, B)
-    fac = _banded.factor(mesh, _banded.row_band(mesh, jnp.moveaxis(moduli, 0, -1), free))
-    f = jnp.asarray(case.force, jnp.float64).T * free
-    u = _banded.solve(mesh, fac, f)
-    c = jnp.sum(f * u, axis=0)
-    has_load = jnp.any(f != 0.0, axis=0)
-    c = jnp.where(has_load & jnp.isfinite(c) & (c >= 0.0), c, jnp.inf)
-    return fac, u, free, c
-
-
 def _swap_passes(x, mask, shape, static, evaluate, score):
     """The published pass loop, shared by both polishes.
 
@@ -116,7 +88,7 @@ def _swap_passes(x, mask, shape, static, evaluate, score):
         x: (B, nel) start designs.
         mask: (B, nel) design cells.
         shape: grid shape.
-        static: :meth:`sphyr_jax.topopt.yardstick.ReferenceOptions.static`.
+        static: :meth:`sphyr_jax.topopt.options.ReferenceOptions.static`.
         evaluate: ``x -> (compliance (B,), unit-modulus energies (B, nel), aux)``.
         score: ``(x, compliance, aux, src (B, S), tgt (B, T)) -> (scores (B, S, T),
             usable (B, S, T))``: the compliance after each swap.
@@ -159,29 +131,24 @@ def polish(case: LoadCase, x, mask, static):
     """The published swap polish of 0/1 designs (B, nel): (designs, exact compliance).
 
     Args:
-        case: batched load cases (B).
+        case: batched load cases (B), 2D.
         x: (B, nel) start designs (0/1 on design cells).
         mask: (B, nel) design cells.
-        static: :meth:`sphyr_jax.topopt.yardstick.ReferenceOptions.static`.
+        static: :meth:`sphyr_jax.topopt.options.ReferenceOptions.static`.
     """
     penal, _, n_src, _ = static[5:9]
     shape = case.shape
-    mesh = get_mesh(*shape)
+    grid = st.get_grid(shape)
     nb = x.shape[0]
-    n = mesh.n_dofs
-    edofs = jnp.asarray(mesh.edofs)  # (nel, 8)
-    ke = jnp.asarray(mesh.ke)
-    modes_np, lam_np = element_modes(shape)
+    n = grid.n_dofs
+    edofs = jnp.asarray(st.element_dofs(grid))  # (nel, 8)
+    modes_np, lam_np = swaps.modes(shape)
     modes, lam = jnp.asarray(modes_np), jnp.asarray(lam_np)
-    k = lam.shape[0]
-    delta = (E0 - EMIN) * 1.0  # E(1) - E(0) at any penalty
-    d_inv = jnp.concatenate([-1.0 / (delta * lam), 1.0 / (delta * lam)])
 
     def evaluate(x):
-        fac, u, free, c = _exact(mesh, case, x, penal)  # u (n, B)
-        ue = u[edofs]  # (nel, 8, B)
-        e = jnp.einsum("eaB,ab,ebB->Be", ue, ke, ue)  # unit-modulus energies (B, nel)
-        return c, e, (fac, u, free)
+        fac, u, free, c = swaps.exact(case, x, penal)  # u (n, B)
+        e = st.element_energy(grid, u, u)  # unit-modulus energies (*cells, B)
+        return c, jnp.moveaxis(e, -1, 0).reshape(nb, -1), (fac, u, free)
 
     def score(x, c, aux, src, tgt):
         fac, u, free = aux
@@ -190,25 +157,15 @@ def polish(case: LoadCase, x, mask, static):
         rc = jnp.concatenate([src, tgt], axis=1)  # (B, R)
         dofs = edofs[rc].reshape(nb, n_rank * 8)  # (B, 8R)
         unit = jax.nn.one_hot(dofs, n, dtype=jnp.float64) * free.T[:, None, :]  # (B, 8R, n)
-        y = _banded.forward(mesh, fac, unit.transpose(2, 1, 0))  # (rows, 8R, B)
+        y = swaps.FACTOR.forward(grid, fac, unit.transpose(2, 1, 0))  # (rows, 8R, B)
         y = y.reshape(y.shape[0], n_rank, 8, nb)
         m = jnp.einsum("ak,rcaB->Bckr", modes, y)  # (B, R, 5, rows)
         u_rc = jnp.take_along_axis(u.T[:, None, :], dofs.reshape(nb, n_rank, 8), axis=-1)
         w = jnp.einsum("ak,Bca->Bck", modes, u_rc)  # (B, R, 5)
         g_self = jnp.einsum("Bckr,Bclr->Bckl", m, m)  # (B, R, 5, 5)
         g_st = jnp.einsum("Bskr,Btlr->Bstkl", m[:, :n_src], m[:, n_src:])  # (B, S, T, 5, 5)
-        a_ss = g_self[:, :n_src, None] + jnp.diag(d_inv[:k])  # (B, S, 1, 5, 5), indefinite
-        a_tt = g_self[:, None, n_src:] + jnp.diag(d_inv[k:])  # (B, 1, T, 5, 5), SPD
-        # q = r^T A^{-1} r for A = [[a_ss, G], [G^T, a_tt]] by blocks: the addition
-        # block a_tt first, then the removal's Schur complement a_ss - G a_tt^{-1} G^T
-        # (negative definite).  Unrolled 5 x 5 algebra (no batched LAPACK call: those
-        # share XLA's CPU thread pool and can deadlock when several devices run them).
-        inv_tt = _small.spd_inverse(a_tt)
-        r_s, r_t = w[:, :n_src, None], w[:, None, n_src:]  # (B, S, 1, 5), (B, 1, T, 5)
-        y = jnp.einsum("...kl,...l->...k", inv_tt, r_t)
-        v = r_s - jnp.einsum("...kl,...l->...k", g_st, y)  # (B, S, T, 5)
-        schur = a_ss - jnp.einsum("...kl,...lm,...nm->...kn", g_st, inv_tt, g_st)
-        q = jnp.sum(r_t * y, axis=-1) - _small.spd_quadratic(-schur, v)
+        q = swaps.swap_gain(g_self[:, :n_src, None], g_self[:, None, n_src:], g_st,
+                            w[:, :n_src, None], w[:, None, n_src:], lam)
         scores = c[:, None, None] - q
         return scores, jnp.isfinite(scores) & (scores > 0)
 
@@ -229,7 +186,7 @@ def polish_exact(case: LoadCase, x, mask, static, solver="banded"):
         case: batched load cases (B).
         x: (B, nel) start designs (0/1 on design cells).
         mask: (B, nel) design cells.
-        static: :meth:`sphyr_jax.topopt.yardstick.ReferenceOptions.static`.
+        static: :meth:`sphyr_jax.topopt.options.ReferenceOptions.static`.
         solver: linear solver of every solve.
 
     Returns:

@@ -139,8 +139,10 @@ class LossConfig:
             at the end of training (the model is used at scale 1).
         leak: floor added to the sigmoid's derivative (value unchanged), so
             saturated cells still receive gradient.
-        solver: linear solver of the FEA (``"banded"``: fastest to run;
-            ``"dense"``: fastest to compile, fine for small grids).
+        solver: linear solver of the FEA, a :mod:`sphyr_jax.fem.solvers` name
+            (None: the grid's default, the banded Cholesky in 2D and the
+            multigrid CG in 3D; ``"dense"``: fastest to compile, fine for small
+            2D grids).
     """
 
     volume_weight: float = 6.0
@@ -150,7 +152,7 @@ class LossConfig:
     rounded_start: float = 0.2
     initial_sharpness: float = 0.5
     leak: float = 0.0
-    solver: str = "banded"
+    solver: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

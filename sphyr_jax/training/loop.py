@@ -46,7 +46,7 @@ from sphyr_jax.training.problems import (
 
 
 def design_objective(case: LoadCase, rho, solid, volume_weight, penal,
-                     solver="banded") -> jax.Array:
+                     solver=None) -> jax.Array:
     """Per-sample $\\log(c / c_{solid}) + \\lambda\\, vf$, (B,)."""
     c = fea.compliance(case, rho, penal, solver)
     return jnp.log(c / solid) + volume_weight * jnp.mean(rho, axis=tuple(range(-case.ndim, 0)))

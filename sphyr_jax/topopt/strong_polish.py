@@ -1,28 +1,18 @@
-"""Discrete material-swap polish with exact Sherman-Morrison-Woodbury scoring.
+"""The strong search's polish: exhaustive single swaps and a tabu search.
 
 SIMP solves a relaxed problem, so a rounded design is rarely the best 0/1
 design.  The polish moves one cell of material at a time - from a solid design
 cell ``s`` to an empty design cell ``t``, keeping the budget - and takes the
-best such swap per pass until none improves.  The whole neighbourhood is
-scored exactly without re-solving:
-
-A swap changes two element moduli by $\\mp\\delta$ ($\\delta = E(1) - E(0)$), i.e.
-$\\Delta K = W D W^T$ with $W = [P_s V, P_t V]$, where $K_e = V \\Lambda V^T$
-(rank 5: the three rigid-body modes dropped), $P_e$ scatters an element's DOFs
-(fixed DOFs zeroed) and $D = \\mathrm{diag}(-\\delta \\Lambda, \\delta \\Lambda)$.  With
-$Z = \\tilde K^{-1}$ and $y = W^T u$,
-
-$$c' = f^T (K + W D W^T)^{-1} f = c - y^T (D^{-1} + W^T Z W)^{-1} y,$$
-
-a 10 x 10 system per pair, solved through 5 x 5 blocks: the addition block
-first (positive definite), then the removal's Schur complement (negative
-definite, so an unrolled Cholesky of its negative serves; it is nearly
-singular only for swaps that cut the load path, whose scores then come out
-huge, as they should).  Only the block of $Z$ on the design DOFs is kept; it
-is computed once per design and updated by the same identity after each
-accepted swap ($Z' = Z - Z W A^{-1} W^T Z$).  Every pass re-solves the
-accepted design, so reported compliances are always exact solves; a swap the
-exact solve does not confirm is undone and the design is finished.
+best such swap per pass until none improves.  The whole neighbourhood (every
+solid x every empty design cell) is scored exactly without re-solving, by the
+Sherman-Morrison-Woodbury identity of :mod:`sphyr_jax.topopt.swaps`: a 10 x 10
+system per pair from the modal flexibility $\\Phi_{ij} = V^T Z_{ij} V$
+($Z = \\tilde K^{-1}$) between design cells.  Only the block of $Z$ on the
+design DOFs is kept; it is computed once per design and updated by the same
+identity after each accepted swap ($Z' = Z - Z W A^{-1} W^T Z$).  Every pass
+re-solves the accepted design, so reported compliances are always exact
+solves; a swap the exact solve does not confirm is undone and the design is
+finished.
 
 Arrays are batch-first; the sizes of the solid/empty cell lists and of the
 design-DOF set are static (host-computed bounds), the lists themselves data.
@@ -32,33 +22,21 @@ calls), so a few long polishes do not keep the whole batch busy.
 
 from __future__ import annotations
 
-import functools
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sphyr_jax.fem import _banded, _kernels, _small, fea
-from sphyr_jax.fem.mesh import E0, EMIN, get_mesh
+from sphyr_jax.fem import _small, fea, structured
+from sphyr_jax.fem.linear_solve import chunked
 from sphyr_jax.problem.loadcase import LoadCase
 from sphyr_jax.sharding import batch_call
+from sphyr_jax.topopt import swaps
 
 DEFAULT_MAX_PASSES = 100
 DEFAULT_TENURE = 4
 IMPROVEMENT = 1e-10  # a swap must lower compliance by this relative amount
-DEFAULT_SOLVER = fea.Solver()
-_DELTA = E0 - EMIN  # modulus change of a 0 <-> 1 swap (any penalty)
 _RHS_PER_CHUNK = 2048  # right-hand sides per banded multi-solve (cache-sized)
-
-
-@functools.lru_cache(maxsize=4)
-def element_modes(shape) -> tuple[np.ndarray, np.ndarray]:
-    """Eigenvectors (8, 5) and eigenvalues (5,) of the element stiffness, rigid modes dropped."""
-    ke = get_mesh(*shape).ke
-    lam, vec = np.linalg.eigh(ke)
-    keep = lam > 1e-10 * lam.max()
-    return vec[:, keep], lam[keep]
 
 
 class PolishResult(eqx.Module):
@@ -112,25 +90,10 @@ def _pair_scores(phi, y, solid, empty, c, lam, sizes):
     """
     s_idx, s_ok = _cell_list(solid, sizes[0])
     t_idx, t_ok = _cell_list(empty, sizes[1])
-    k = lam.shape[0]
-    g_s = phi[s_idx, :, s_idx, :]  # (S, 5, 5)
-    g_t = phi[t_idx, :, t_idx, :]
-    q = phi[s_idx][:, :, t_idx, :].transpose(1, 3, 0, 2)  # (5, 5, S, V)
-    y_s = y[s_idx].T  # (5, S)
-    y_t = y[t_idx]  # (V, 5)
-    p_s = (jnp.diag(-1.0 / (_DELTA * lam))[None] + g_s).transpose(1, 2, 0)  # (5, 5, S)
-    r_inv = _small.spd_inverse(jnp.diag(1.0 / (_DELTA * lam))[None] + g_t)  # (V, 5, 5)
-    a = jnp.einsum("tkl,tl->tk", r_inv, y_t)
-    q1 = jnp.sum(y_t * a, axis=-1)  # (V,): the addition alone
-    r_inv = r_inv.transpose(1, 2, 0)  # (5, 5, V)
-    a = a.T  # (5, V)
-    # Q R^{-1}, then minus the removal's Schur complement and the reduced rhs.
-    qr = [[sum(q[i, r] * r_inv[r, j] for r in range(k)) for j in range(k)] for i in range(k)]
-    neg = jnp.stack([jnp.stack([sum(qr[i][r] * q[j, r] for r in range(k)) - p_s[i, j][:, None]
-                                for j in range(k)], axis=-1) for i in range(k)], axis=-2)
-    w = jnp.stack([y_s[i][:, None] - sum(q[i, r] * a[r] for r in range(k)) for i in range(k)],
-                  axis=-1)
-    scores = c - q1[None, :] + _small.spd_quadratic(neg, w)
+    g_st = phi[s_idx][:, :, t_idx, :].transpose(0, 2, 1, 3)  # (S, V, 5, 5)
+    q = swaps.swap_gain(phi[s_idx, :, s_idx, :][:, None], phi[t_idx, :, t_idx, :][None], g_st,
+                        y[s_idx][:, None], y[t_idx][None], lam)
+    scores = c - q
     ok = s_ok[:, None] & t_ok[None, :] & jnp.isfinite(scores)
     return jnp.where(ok, scores, jnp.inf), s_idx, t_idx
 
@@ -143,11 +106,12 @@ def design_cells(load_case: LoadCase) -> np.ndarray:
 def design_dofs(load_case: LoadCase) -> np.ndarray:
     """(..., n) bool: free DOFs touched by a design cell (host computation)."""
     mask = np.asarray(load_case.design_mask, bool)
-    mesh = get_mesh(*mask.shape[-2:])
+    grid = structured.get_grid(mask.shape[-2:])
+    edofs = structured.element_dofs(grid)
     flat = mask.reshape(mask.shape[:-2] + (-1,))
-    touched = np.zeros(flat.shape[:-1] + (mesh.n_dofs,), bool)
-    for e in range(mesh.nel):
-        touched[..., mesh.edofs[e]] |= flat[..., e : e + 1]
+    touched = np.zeros(flat.shape[:-1] + (grid.n_dofs,), bool)
+    for e in range(grid.n_cells):
+        touched[..., edofs[e]] |= flat[..., e : e + 1]
     return touched & np.asarray(load_case.free_dofs, bool)
 
 
@@ -178,15 +142,10 @@ def _bucket(v: int, smallest: int) -> int:
         size *= 2
 
 
-def _exact(mesh, load_case, x):
-    """Factor, displacements and compliance of designs (B, nel) at p = 3."""
-    nb = x.shape[0]
-    moduli = fea.simp_moduli(x.reshape((nb,) + mesh.shape), 3.0)
-    free = jnp.asarray(load_case.free_dofs, jnp.float64)
-    fac = _banded.factor(mesh, _banded.row_band(mesh, jnp.moveaxis(moduli, 0, -1), free.T))
-    f = (jnp.asarray(load_case.force, jnp.float64) * free).T
-    u = _banded.solve(mesh, fac, f)
-    return fac, u.T, jnp.sum(f * u, axis=0)
+def _exact(load_case, x):
+    """Factor, displacements (B, n) and compliance of designs (B, nel) at p = 3."""
+    fac, u, _, c = swaps.exact(load_case, x, 3.0)
+    return fac, u.T, c
 
 
 def _swap_inverse(amat, k):
@@ -217,9 +176,9 @@ def _cells_of(load_case: LoadCase, n_cells: int):
     return order, jnp.take_along_axis(mask, order, axis=-1)
 
 
-def _modal(mesh, modes, vec, cells, ok):
+def _modal(grid, modes, vec, cells, ok):
     """$V^T v_e$ for the design cells: vec (B, n, ...) -> (B, F, 5, ...)."""
-    edofs = jnp.asarray(mesh.edofs)[cells]  # (B, F, 8)
+    edofs = jnp.asarray(structured.element_dofs(grid))[cells]  # (B, F, 8)
     g = jax.vmap(lambda v, d: v[d])(vec, edofs)  # (B, F, 8, ...)
     out = jnp.einsum("ak,bfa...->bfk...", modes, g)
     return out * ok.reshape(ok.shape + (1,) * (out.ndim - 2))
@@ -233,37 +192,38 @@ def _init(load_case: LoadCase, x0, *, sizes):
     those DOFs), $Z_D = Y^T Y$.
     """
     shape = load_case.shape
-    mesh = get_mesh(*shape)
+    grid = structured.get_grid(shape)
+    n = grid.n_dofs
     nb = x0.shape[0]
     n_cells, n_dofs_d = sizes[2], sizes[3]
-    modes = jnp.asarray(element_modes(shape)[0])
+    modes = jnp.asarray(swaps.modes(shape)[0])
     nk = modes.shape[1]
     x = x0.reshape(nb, -1)
-    fac, u, c = _exact(mesh, load_case, x)
+    fac, u, c = _exact(load_case, x)
     cells, ok = _cells_of(load_case, n_cells)
-    edofs = jnp.asarray(mesh.edofs)[cells]  # (B, F, 8)
+    edofs = jnp.asarray(structured.element_dofs(grid))[cells]  # (B, F, 8)
     # Design DOFs: free DOFs of valid design cells, listed first in DOF order.
-    hit = jnp.zeros((nb, mesh.n_dofs + 1), bool)
-    hit = hit.at[jnp.arange(nb)[:, None, None], jnp.where(ok[:, :, None], edofs, mesh.n_dofs)
-                 ].set(True)[:, : mesh.n_dofs]
+    hit = jnp.zeros((nb, n + 1), bool)
+    hit = hit.at[jnp.arange(nb)[:, None, None], jnp.where(ok[:, :, None], edofs, n)
+                 ].set(True)[:, : n]
     hit = hit & jnp.asarray(load_case.free_dofs, bool)
-    idx = jnp.arange(mesh.n_dofs)
-    cols = jnp.argsort(jnp.where(hit, idx, mesh.n_dofs + idx), axis=-1)[:, :n_dofs_d]  # (B, D)
+    idx = jnp.arange(n)
+    cols = jnp.argsort(jnp.where(hit, idx, n + idx), axis=-1)[:, :n_dofs_d]  # (B, D)
     col_ok = jnp.take_along_axis(hit, cols, axis=-1)
     # Position of every DOF in the design list (D: the zero padding row/column).
-    where = jnp.full((nb, mesh.n_dofs + 1), n_dofs_d)
-    where = where.at[jnp.arange(nb)[:, None], jnp.where(col_ok, cols, mesh.n_dofs)].set(
+    where = jnp.full((nb, n + 1), n_dofs_d)
+    where = where.at[jnp.arange(nb)[:, None], jnp.where(col_ok, cols, n)].set(
         jnp.where(col_ok, jnp.arange(n_dofs_d)[None], n_dofs_d))
-    where = where.at[:, mesh.n_dofs].set(n_dofs_d)
+    where = where.at[:, n].set(n_dofs_d)
     pos = jnp.take_along_axis(where, edofs.reshape(nb, -1), axis=-1)  # (B, 8F)
 
     def gram(fc, cl, co):  # one chunk, batch last: Z_D (D, D, b)
-        rhs = jax.nn.one_hot(cl.T, mesh.n_dofs, dtype=jnp.float64) * co.T[..., None]
-        y = jnp.moveaxis(_banded.forward(mesh, fc, rhs.transpose(2, 1, 0)), -1, 0)
+        rhs = jax.nn.one_hot(cl.T, n, dtype=jnp.float64) * co.T[..., None]
+        y = jnp.moveaxis(swaps.FACTOR.forward(grid, fc, rhs.transpose(2, 1, 0)), -1, 0)
         return jnp.moveaxis(jnp.einsum("bni,bnj->bij", y, y), 0, -1)
 
     chunk = max(1, _RHS_PER_CHUNK // n_dofs_d)
-    z = _kernels.chunked(gram, chunk, fac, cols.T, col_ok.T.astype(jnp.float64))  # (D, D, B)
+    z = chunked(gram, chunk, fac, cols.T, col_ok.T.astype(jnp.float64))  # (D, D, B)
     z = jnp.pad(jnp.moveaxis(z, -1, 0), ((0, 0), (0, 1), (0, 1)))  # zero row/column D
 
     def modal_rows(a):  # rows of a (B, D+1, w) at the cells' DOFs, contracted with V
@@ -285,21 +245,21 @@ def _segment(load_case: LoadCase, st: _State, *, sizes, passes, tabu, tenure):
     passes unless the swap beats the best design) for ``tabu`` passes without
     a new best."""
     shape = load_case.shape
-    mesh = get_mesh(*shape)
+    grid = structured.get_grid(shape)
     nb = st.x.shape[0]
     n_cells = sizes[2]
-    modes_np, lam_np = element_modes(shape)
+    modes_np, lam_np = swaps.modes(shape)
     modes, lam = jnp.asarray(modes_np), jnp.asarray(lam_np)
     nk = modes.shape[1]
     cells, ok = _cells_of(load_case, n_cells)
-    d_inv = jnp.concatenate([-1.0 / (_DELTA * lam), 1.0 / (_DELTA * lam)])
+    d_inv = jnp.concatenate([-1.0 / (swaps.DELTA * lam), 1.0 / (swaps.DELTA * lam)])
     rows = jnp.arange(nb)
 
     def one_pass(_, st: _State) -> _State:
         xc = jnp.take_along_axis(st.x, cells, axis=-1)
         solid = ok & (xc > 0.5)
         empty = ok & (xc <= 0.5)
-        y = _modal(mesh, modes, st.u, cells, ok)  # (B, F, 5)
+        y = _modal(grid, modes, st.u, cells, ok)  # (B, F, 5)
         phi4 = st.phi.reshape(nb, n_cells, nk, n_cells, nk)
         sc, s_idx, t_idx = jax.vmap(
             lambda p, yy, so, em, c: _pair_scores(p, yy, so, em, c, lam, sizes[:2])
@@ -325,7 +285,7 @@ def _segment(load_case: LoadCase, st: _State, *, sizes, passes, tabu, tenure):
         pc = jnp.take_along_axis(st.phi, cols[:, None, :], axis=2)  # (B, 5F, 10)
         amat = jnp.diag(d_inv)[None] + jnp.take_along_axis(pc, cols[:, :, None], axis=1)
         phi = st.phi - pc @ _swap_inverse(amat, nk) @ pc.transpose(0, 2, 1)
-        _, u, c = _exact(mesh, load_case, x)
+        _, u, c = _exact(load_case, x)
         # Pure descent keeps a swap only if the exact solve confirms it; the
         # tabu phase keeps every swap and remembers the best design.
         accept = move & ((c < st.c) | (tabu > 0)) & jnp.isfinite(c)
@@ -368,7 +328,7 @@ _take_jit = jax.jit(_take)
 
 
 def polish(load_case: LoadCase, designs, max_passes: int = DEFAULT_MAX_PASSES,
-           solver: fea.Solver = DEFAULT_SOLVER, passes_per_call: int = 2,
+           solver=None, passes_per_call: int = 2,
            num_devices: int | None = None, tabu: int = 0,
            tenure: int = DEFAULT_TENURE) -> PolishResult:
     """Best-improvement single-swap polish of 0/1 designs, batched.
@@ -378,7 +338,7 @@ def polish(load_case: LoadCase, designs, max_passes: int = DEFAULT_MAX_PASSES,
         designs: (B, nely, nelx) designs, 0/1 on design cells (other cells keep
             their values and never change).
         max_passes: bound on swaps per design.
-        solver: used for the final exact compliance.
+        solver: used for the final exact compliance (None: the grid's default).
         passes_per_call: passes per device call (finished designs leave the
             batch between calls, which shrinks through :func:`bucket_ladder`).
         num_devices: devices the batch is split over (None: all local).

@@ -1,0 +1,260 @@
+r"""Linear solvers of the masked stiffness system, one small class per method.
+
+Every solver solves $\tilde K(E) x = b$ with $\tilde K = D K D + (I - D)$,
+$D = \mathrm{diag}(\text{free})$ (right-hand sides vanish on fixed DOFs), for a
+batch of designs at once; arrays are batch-*last*: element moduli (*cells, B),
+vectors (n_dofs, B).  As in lineax, a solver is a small immutable object with
+only its own options and two methods:
+
+* ``init(grid, moduli, free) -> state``: the reusable part (a factorisation,
+  or the operator itself for the iterative methods);
+* ``compute(grid, state, rhs, x0=None) -> (x, result, iterations)``: one
+  solve with that state; ``result`` is a :class:`RESULTS` code per sample.
+
+Methods:
+
+* :class:`Banded`: exact banded Cholesky (2D grids; $O(n b^2)$ with the
+  half-bandwidth $b \approx 2 n_{elx}$).
+* :class:`Dense`: dense Cholesky, the simplest exact method (small 2D grids).
+* :class:`CG`: Jacobi-preconditioned conjugate gradients, any dimension.
+* :class:`Multigrid`: conjugate gradients preconditioned by one geometric
+  multigrid V-cycle per iteration (:mod:`sphyr_jax.fem.multigrid`), any
+  dimension, with a direct fallback for systems it cannot resolve.
+
+Solver objects are hashable (static arguments of compiled programs); a name
+(``"banded"``, ``"dense"``, ``"cg"``, ``"multigrid"``) stands for the solver
+with its default options.  :func:`default_solver` picks the method for a grid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from sphyr_jax.fem import _banded, cg, multigrid
+from sphyr_jax.fem import structured as st
+
+
+class RESULTS:
+    """Result codes of a solve (int32 per sample), as in lineax.
+
+    ``successful`` (0): solved (a direct factorisation, or CG to its
+    tolerance); ``max_iterations_reached``: an iterative solver stopped at its
+    iteration bound; ``nonfinite_input``: the densities (or penalty) were not
+    finite; ``no_load_path``: the load case has no load or no support, so
+    nothing carries a load; ``breakdown``: the method produced a non-finite
+    result from finite input.
+    """
+
+    successful = 0
+    max_iterations_reached = 1
+    nonfinite_input = 2
+    no_load_path = 3
+    breakdown = 4
+
+    names = ("successful", "max_iterations_reached", "nonfinite_input", "no_load_path",
+             "breakdown")
+    messages = (
+        "",
+        "the iterative solver reached its iteration bound before its tolerance",
+        "non-finite densities or penalty",
+        "no load path: the load case has no load or no support",
+        "the solver produced a non-finite result",
+    )
+
+
+def result_name(code) -> str:
+    """The name of a result code (``"successful"``, ``"max_iterations_reached"``, ...)."""
+    return RESULTS.names[int(code)]
+
+
+def _direct_result(x):
+    ok = jnp.all(jnp.isfinite(x), axis=0)
+    return jnp.where(ok, RESULTS.successful, RESULTS.breakdown).astype(jnp.int32)
+
+
+def _iterative_result(x, converged):
+    finite = jnp.all(jnp.isfinite(x), axis=0)
+    code = jnp.where(converged, RESULTS.successful, RESULTS.max_iterations_reached)
+    return jnp.where(finite, code, RESULTS.breakdown).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Banded:
+    """Banded Cholesky factorisation (:mod:`sphyr_jax.fem._banded`), 2D grids.
+
+    Attributes:
+        block: columns eliminated per step of the factorisation.
+        chunk: samples per chunk of a large batch (None: 64 on CPU, none
+            elsewhere; 0: never chunk).
+    """
+
+    block: int = 4
+    chunk: int | None = None
+    name: ClassVar[str] = "banded"
+
+    def check(self, grid: st.StructuredGrid) -> None:
+        if grid.dim != 2:
+            raise ValueError("the banded solver is for 2D grids; use Multigrid or CG in 3D")
+
+    def plan(self, grid: st.StructuredGrid) -> _banded.BandPlan:
+        return _banded.get_plan(grid.cells, self.block)
+
+    def init(self, grid, moduli, free):
+        plan = self.plan(grid)
+        return _banded.factor(plan, _banded.row_band(plan, moduli, free))
+
+    def forward(self, grid, state, rhs):
+        """$L^{-1}$ rhs with the factor of :meth:`init` (rows past ``n_dofs`` are padding)."""
+        return _banded.forward(self.plan(grid), state, rhs)
+
+    def compute(self, grid, state, rhs, x0=None):
+        x = _banded.solve(self.plan(grid), state, rhs)
+        return x, _direct_result(x), jnp.zeros(rhs.shape[-1:], jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense:
+    """Dense Cholesky factorisation (``jnp.linalg.cholesky``), small 2D grids.
+
+    Attributes:
+        chunk: samples per chunk of a large batch (see :class:`Banded`).
+    """
+
+    chunk: int | None = None
+    name: ClassVar[str] = "dense"
+
+    def check(self, grid: st.StructuredGrid) -> None:
+        if grid.dim != 2:
+            raise ValueError("the dense solver is for 2D grids; use Multigrid or CG in 3D")
+
+    def init(self, grid, moduli, free):
+        return jnp.moveaxis(jnp.linalg.cholesky(st.dense_matrix(grid, moduli, free)), 0, -1)
+
+    def compute(self, grid, state, rhs, x0=None):
+        chol = jnp.moveaxis(state, -1, 0)
+        x = jax.scipy.linalg.cho_solve((chol, True), jnp.moveaxis(rhs, -1, 0)[..., None])
+        x = jnp.moveaxis(x[..., 0], 0, -1)
+        return x, _direct_result(x), jnp.zeros(rhs.shape[-1:], jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class CG:
+    """Jacobi-preconditioned conjugate gradients (:mod:`sphyr_jax.fem.cg`).
+
+    Attributes:
+        tol: relative residual at which a system stops.
+        max_iter: iteration bound (None: 4 x the number of DOFs).
+        chunk: samples per chunk of a large batch (see :class:`Banded`).
+    """
+
+    tol: float = 1e-10
+    max_iter: int | None = None
+    chunk: int | None = None
+    name: ClassVar[str] = "cg"
+
+    def check(self, grid: st.StructuredGrid) -> None:
+        pass
+
+    def init(self, grid, moduli, free):
+        return moduli, free
+
+    def compute(self, grid, state, rhs, x0=None):
+        moduli, free = state
+        inv_d = 1.0 / st.diagonal(grid, moduli, free)
+        x, conv, its = cg.pcg(lambda v: st.matvec(grid, moduli, free, v), lambda r: inv_d * r,
+                              rhs, tol=self.tol, max_iter=self.max_iter or 4 * rhs.shape[0],
+                              x0=x0)
+        return x, _iterative_result(x, conv), its
+
+
+@dataclasses.dataclass(frozen=True)
+class Multigrid:
+    """Conjugate gradients preconditioned by a geometric-multigrid V-cycle.
+
+    See :mod:`sphyr_jax.fem.multigrid` for the method.
+
+    Attributes:
+        tol: CG stops once $\\|r\\|_2 \\le \\text{tol}\\, \\|b\\|_2$.
+        max_iter: bound on CG iterations.
+        smooth: damped-Jacobi sweeps before and after each coarse correction
+            on the finest level.
+        omega: Jacobi damping factor.
+        max_coarse_dofs: coarsen until the coarsest system has at most this
+            many DOFs (then solved densely).
+        levels: number of coarsenings; None picks it from ``max_coarse_dofs``.
+        coarse_smooth: sweeps on the coarse levels (None: ``smooth``); their
+            Galerkin element matrices make a coarse sweep cost more memory
+            traffic than a fine one.
+        direct_fallback_dofs: samples whose CG did not converge are solved
+            by dense Cholesky on grids of at most this many DOFs (0: never).
+        chunk: samples per chunk of a large batch (see :class:`Banded`).
+    """
+
+    tol: float = 1e-10
+    max_iter: int = 100
+    smooth: int = 3
+    omega: float = 0.5
+    max_coarse_dofs: int = 100
+    levels: int | None = None
+    coarse_smooth: int | None = 1
+    direct_fallback_dofs: int = 6000
+    chunk: int | None = None
+    name: ClassVar[str] = "multigrid"
+
+    def __post_init__(self):
+        if (not self.tol > 0 or self.max_iter < 1 or self.smooth < 1
+                or (self.coarse_smooth is not None and self.coarse_smooth < 1)):
+            raise ValueError(f"invalid Multigrid options: {self}")
+        if not 0.0 < self.omega <= 1.0:
+            raise ValueError(f"omega must lie in (0, 1], got {self.omega}")
+
+    def check(self, grid: st.StructuredGrid) -> None:
+        pass
+
+    def init(self, grid, moduli, free):
+        return moduli, free
+
+    def compute(self, grid, state, rhs, x0=None):
+        moduli, free = state
+        x, conv, its = multigrid.solve(self, moduli, free, rhs, x0)
+        return x, _iterative_result(x, conv), its
+
+
+Solver = Banded | Dense | CG | Multigrid
+SOLVERS = {cls.name: cls for cls in (Banded, Dense, CG, Multigrid)}
+
+
+def default_solver(shape: tuple[int, ...]) -> Solver:
+    """The solver used when none is given: banded Cholesky in 2D, multigrid CG in 3D."""
+    return Banded() if len(shape) == 2 else Multigrid()
+
+
+def as_solver(solver, shape: tuple[int, ...]) -> Solver:
+    """A solver object from a solver, a name, or None (the default for ``shape``).
+
+    Raises:
+        ValueError: an unknown name, or a method that does not serve the grid's
+            dimension.
+        TypeError: anything else.
+    """
+    if solver is None:
+        solver = default_solver(shape)
+    elif isinstance(solver, str):
+        if solver not in SOLVERS:
+            raise ValueError(f"unknown solver {solver!r}: use one of {tuple(SOLVERS)}")
+        solver = SOLVERS[solver]()
+    elif not isinstance(solver, (Banded, Dense, CG, Multigrid)):
+        raise TypeError(f"solver must be a solver object or a name, got {type(solver).__name__}")
+    solver.check(st.get_grid(tuple(shape)))
+    return solver
+
+
+def default_chunk(solver: Solver) -> int:
+    """Samples per chunk: 64 on CPU (cache-sized windows), no chunking elsewhere."""
+    if solver.chunk is not None:
+        return solver.chunk
+    return 64 if jax.default_backend() == "cpu" else 0
