@@ -18,6 +18,7 @@ MODULES = (
     "generate",
     "baselines",
     "plot",
+    "evaluate",
 )
 
 
