@@ -67,6 +67,11 @@ def solid_fill(prompt: str) -> str:
     return "\n".join(" ".join(one if t == "V" else t for t in row) for row in grid)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512  # listen backlog: many clients connect at once
+
+
 class ChatServer:
     """The server; use as a context manager.  ``url`` is the ``/v1`` base URL."""
 
@@ -79,8 +84,7 @@ class ChatServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.05}, daemon=True)
         self._timer = threading.Timer(lifetime, self.stop)

@@ -364,3 +364,14 @@ def test_a_killed_run_resumes_without_losing_or_repeating(data, optimum_cache, t
         assert agg["evaluated_samples"] == len(prompts)
     assert "answers:" in done.stderr and "evaluated killable" in done.stdout
     assert SECRET not in _all_text(root) + done.stdout + done.stderr
+
+
+def test_results_files_are_printed_like_json_dump_with_indent_2(tmp_path):
+    """Records are encoded once each (C encoder) and joined; the file is byte-equal to
+    ``json.dumps(records, indent=2)`` (the published files' layout)."""
+    records = _read(require_shared(GPT4O_RESULTS))[:5]
+    records[0]["gravity_dir"] = [0, -1]
+    records[1]["completion"] = "ünïcode ```\nfence\t\"quoted\"\n"
+    text = harness._file_text([harness.encode_record(r) for r in records])
+    assert text == json.dumps(records, indent=2, ensure_ascii=False) + "\n"
+    assert harness._file_text([]) == json.dumps([], indent=2) + "\n"

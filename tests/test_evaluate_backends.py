@@ -12,7 +12,7 @@ from conftest import REPO
 
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation import backends, baselines
-from sphyr_jax.evaluation.backends import BackendError, Query, make_backend
+from sphyr_jax.evaluation.backends import BackendError, Pool, Query, make_backend
 from sphyr_jax.evaluation.harness import subject_tasks
 from sphyr_jax.evaluation.prompts import PromptSpec
 from sphyr_jax.problem.grids import MASK, grid_to_text
@@ -66,26 +66,30 @@ def test_random_baseline_depends_only_on_seed_and_prompt(tasks):
 
 
 def test_retrieval_copies_the_most_similar_other_record(tasks):
-    """Brute force here: for each query, count agreeing visible cells with every other
-    record's answer; the copied cells must come from a record with the highest count."""
+    """Brute force here: for each query, count agreeing visible cells with the answer of
+    every other record of the subject; the copied cells must come from a record with the
+    highest count, and the query's own record is never offered."""
+    records = _records("3_random_column_hard")
     backend = make_backend("baseline:retrieval")
     for task in tasks:
         query = task.query
+        others = [r for r in records if r["index"] != query.index]
+        assert len(query.pool) == len(others) == len(records) - 1
+        assert [r["index"] for r in query.pool] == [r["index"] for r in others]
         grid = np.array(query.input_grid, dtype=object)
         visible = grid != MASK
         scores = []
-        for j, record in enumerate(query.pool):
+        for record in others:
             answer = np.array(record["ground_truth"], dtype=object)
-            agree = sum(float(a) == float(g) if a not in "LS" and g not in "LS" else a == g
-                        for a, g, v in zip(answer.ravel(), grid.ravel(), visible.ravel(),
-                                           strict=True) if v)
-            scores.append(-1 if j == query.position else agree)
-        best = max(scores)
+            scores.append(sum(float(a) == float(g) if a not in "LS" and g not in "LS" else a == g
+                              for a, g, v in zip(answer.ravel(), grid.ravel(), visible.ravel(),
+                                                 strict=True) if v))
         got = np.array(_cells(_complete(backend, query)), dtype=object)
         assert np.array_equal(got[visible], grid[visible])
-        sources = [j for j, s in enumerate(scores) if s == best and np.array_equal(
-            np.array(query.pool[j]["ground_truth"], dtype=object)[~visible], got[~visible])]
-        assert sources and query.position not in sources
+        sources = [r for r, s in zip(others, scores, strict=True) if s == max(scores)
+                   and np.array_equal(np.array(r["ground_truth"], dtype=object)[~visible],
+                                      got[~visible])]
+        assert sources
 
 
 def test_retrieval_never_returns_the_query_itself():
@@ -95,10 +99,11 @@ def test_retrieval_never_returns_the_query_itself():
     pool = ({"input_grid": masked, "ground_truth": answer},
             {"input_grid": masked, "ground_truth": other})
     backend = make_backend("baseline:retrieval")
-    alone = Query("p", "full_easy", masked, pool=pool, position=0)
+    alone = Query("p", "full_easy", masked, pool=Pool(pool, 0))
+    assert list(alone.pool) == [pool[1]] and len(alone.pool) == 1
     assert _complete(backend, alone) == grid_to_text(
         [["L", "0", "0"], ["0", "0", "0"], ["S", "0", "0"]])  # other's cells, not answer's
-    lone = Query("p", "full_easy", masked, pool=pool[:1], position=0)
+    lone = Query("p", "full_easy", masked, pool=Pool(pool[:1], 0))
     assert _complete(backend, lone) == grid_to_text(baselines.fill_masked(masked, "0"))
 
 

@@ -89,6 +89,42 @@ def _frozen_grid(grid):
     return str(grid)
 
 
+class Pool(Sequence):
+    """A subject's solved records without the query's own one (a read-only view).
+
+    Every query of a subject shares the subject's record tuple; the view only
+    skips the query's place in it, so a model consulting other records (few-shot
+    retrieval, nearest neighbours) can never read the answer it is scored against.
+
+    Args:
+        records: the subject's solved records ``{"input_grid", "ground_truth", ...}``.
+        exclude: the query's own place in ``records`` (None: not among them).
+    """
+
+    def __init__(self, records: Sequence[dict] = (), exclude: int | None = None):
+        self._records = records if isinstance(records, tuple) else tuple(records)
+        self._exclude = None if exclude is None else int(exclude)
+        if self._exclude is not None and not 0 <= self._exclude < len(self._records):
+            self._exclude = None
+
+    def __len__(self) -> int:
+        return len(self._records) - (self._exclude is not None)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(i)
+        i %= n
+        if self._exclude is not None and i >= self._exclude:
+            i += 1
+        return self._records[i]
+
+    def __repr__(self) -> str:
+        return f"Pool({len(self)} records)"
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Query:
     """What a model is asked for one sample (never the sample's answer).
@@ -100,10 +136,8 @@ class Query:
             layers of rows), turned like the prompt's grid.
         gravity_dir: the load direction, a (row, col) step, or None (down).
         index: the dataset record's ``index`` (None when unknown).
-        pool: solved records ``{"input_grid", "ground_truth"}`` of the same
-            subject, turned like the query (shared by every query of a subject).
-        position: the query's own place in ``pool`` (None: not in it); a
-            backend that consults the pool must skip it.
+        pool: the subject's other solved records, turned like the query
+            (a :class:`Pool`: the query's own record is not in it).
     """
 
     prompt: str
@@ -111,12 +145,13 @@ class Query:
     input_grid: tuple = ()
     gravity_dir: tuple | None = None
     index: int | None = None
-    pool: Sequence[dict] = ()
-    position: int | None = None
+    pool: Pool = dataclasses.field(default_factory=Pool)
 
     def __post_init__(self):
         if self.input_grid and not isinstance(self.input_grid, tuple):
             object.__setattr__(self, "input_grid", _frozen_grid(self.input_grid))
+        if not isinstance(self.pool, Pool):
+            object.__setattr__(self, "pool", Pool(self.pool))
 
     @property
     def hard(self) -> bool:
@@ -194,7 +229,8 @@ class BaselineBackend(Backend):
         """The completed grid (token rows)."""
         grid = query.grid()
         if self.kind == "retrieval":
-            filled = self._index(query.pool).fill(grid, exclude=query.position)
+            pool = query.pool  # one index per subject: the shared records, minus the query
+            filled = self._index(pool._records).fill(grid, exclude=pool._exclude)
             if filled is not None:
                 return filled
             return baselines.complete("empty", grid, query.hard)
@@ -203,9 +239,9 @@ class BaselineBackend(Backend):
             rng = np.random.default_rng([self.seed, zlib.crc32(query.prompt.encode("utf-8"))])
         return baselines.complete(self.kind, grid, query.hard, rng)
 
-    def _index(self, pool: Sequence[dict]) -> baselines.RetrievalIndex:
+    def _index(self, pool: tuple) -> baselines.RetrievalIndex:
         key = id(pool)
-        if key not in self._indices:  # the pool is kept alive with its index, so ids stay unique
+        if key not in self._indices:  # the records are kept alive with their index: ids stay unique
             self._indices[key] = (pool, baselines.RetrievalIndex(pool))
         return self._indices[key][1]
 
@@ -244,7 +280,8 @@ class PythonCallable(Backend):
         if not callable(function):
             raise UserInputError(f"{function!r} is not callable")
         self.function = function
-        self.name = name or getattr(function, "__qualname__", type(function).__name__)
+        qualname = getattr(function, "__qualname__", type(function).__name__)
+        self.name = name or ("python_callable" if "<" in qualname else qualname)
         method = None if inspect.isroutine(function) else vars(type(function)).get("__call__")
         self._async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(method)
         try:
@@ -323,6 +360,19 @@ def parse_retry_after(headers) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(when.timestamp() - time.time(), 0.0)
+
+
+def _reply_text(reply) -> tuple[str | None, str | None]:
+    """(message text, finish reason) of a chat-completions JSON reply; Nones if absent."""
+    try:
+        choice = reply["choices"][0]
+    except (KeyError, IndexError, TypeError):
+        return None, "no choices"
+    if not isinstance(choice, dict):
+        return None, "no choices"
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else None
+    return text, choice.get("finish_reason")
 
 
 class OpenAIChat(Backend):
@@ -421,22 +471,17 @@ class OpenAIChat(Backend):
         messages = [{"role": "user", "content": query.prompt}]
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        options = {}
+        body = {"model": self.name, "messages": messages, **self.extra_body}
         if self.max_tokens is not None:
-            options["max_tokens"] = int(self.max_tokens)
+            body["max_tokens"] = int(self.max_tokens)
         if self.temperature is not None:
-            options["temperature"] = float(self.temperature)
-        if self.extra_body:
-            options["extra_body"] = self.extra_body
-        try:
-            reply = await self._client().chat.completions.create(
-                model=self.name, messages=messages, **options)
+            body["temperature"] = float(self.temperature)
+        try:  # the client's plain request (its transport, auth, errors), JSON body as is
+            reply = await self._client().post("/chat/completions", body=body, cast_to=object)
         except openai.OpenAIError as exc:
             raise self._error(exc) from None
-        choices = getattr(reply, "choices", None) or []
-        text = choices[0].message.content if choices and choices[0].message else None
+        text, reason = _reply_text(reply)
         if not isinstance(text, str) or not text.strip():
-            reason = choices[0].finish_reason if choices else "no choices"
             raise BackendError(f"empty reply (finish_reason={reason})", retryable=True)
         return text
 

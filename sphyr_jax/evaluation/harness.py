@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import math
 import pathlib
 import random
@@ -55,7 +56,15 @@ from collections.abc import Callable, Mapping, Sequence
 
 from sphyr_jax.data.datasets import list_subjects, load_subject
 from sphyr_jax.errors import UserInputError
-from sphyr_jax.evaluation.backends import Backend, BackendError, Query, as_backend, make_backend
+from sphyr_jax.evaluation import prompts
+from sphyr_jax.evaluation.backends import (
+    Backend,
+    BackendError,
+    Pool,
+    Query,
+    as_backend,
+    make_backend,
+)
 from sphyr_jax.evaluation.prompts import (
     DEFAULT_SAMPLE_COUNT,
     DEFAULT_SEED,
@@ -65,7 +74,7 @@ from sphyr_jax.evaluation.prompts import (
     rotate,
     sample_order,
 )
-from sphyr_jax.io import CorruptFileError, atomic_write_json, read_json
+from sphyr_jax.io import CorruptFileError, atomic_write_json, atomic_write_text, read_json
 from sphyr_jax.problem.grids import as_grid, extract_grid, grid_ndim, grid_to_text
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY, gravity_from_folder
 from sphyr_jax.scoring.metrics import ScoreItem, score_batch
@@ -95,11 +104,14 @@ class Task:
         ground_truth: the dataset answer as text (rows on lines), turned like
             the query.
         position: rank in the subject's published order (0-based).
+        grid_in_prompt: whether the last grid of the prompt is the masked grid
+            (else records also store ``input_grid``, e.g. for a custom template).
     """
 
     query: Query
     ground_truth: str
     position: int
+    grid_in_prompt: bool = True
 
     @property
     def subject(self) -> str:
@@ -143,9 +155,15 @@ def subject_tasks(records: Sequence[dict], subject: str, spec: PromptSpec = DEFA
         examples = few_shot_examples(turned, record, spec.few_shot, seed)
         prompt = build_prompt(record["input_grid"], subject, spec, examples, gravity or _DOWN)
         query = Query(prompt=prompt, subject=subject, input_grid=record["input_grid"],
-                      gravity_dir=gravity, index=record.get("index"), pool=turned, position=i)
-        tasks.append(Task(query, grid_to_text(as_grid(record["ground_truth"])), rank))
+                      gravity_dir=gravity, index=record.get("index"), pool=Pool(turned, i))
+        shown = spec.template is None or _last_grid_is(prompt, record["input_grid"])
+        tasks.append(Task(query, grid_to_text(as_grid(record["ground_truth"])), rank, shown))
     return tasks
+
+
+def _last_grid_is(prompt: str, grid) -> bool:
+    grid = as_grid(grid)
+    return extract_grid(prompt, ndim=grid_ndim(grid)) == grid
 
 
 def _stored_records(path: pathlib.Path) -> list[dict]:
@@ -191,7 +209,7 @@ def replay_tasks(results_file, sample_count: int | None = None) -> list[Task]:
     for i, (record, prompt, answer, grid) in enumerate(rows):
         gravity = _direction(record.get("gravity_dir") or folder_gravity)
         query = Query(prompt=prompt, subject=subject, input_grid=grid, gravity_dir=gravity,
-                      index=record.get("index"), pool=pool, position=i)
+                      index=record.get("index"), pool=Pool(pool, i))
         tasks.append(Task(query, answer, i))
     return tasks
 
@@ -317,10 +335,8 @@ def make_record(task: Task, completion: str, model: str) -> dict:
         record["index"] = query.index
     if query.gravity_dir is not None:
         record["gravity_dir"] = list(query.gravity_dir)
-    if query.input_grid:
-        grid = as_grid(query.input_grid)
-        if extract_grid(query.prompt, ndim=grid_ndim(grid)) != grid:  # e.g. a custom template
-            record["input_grid"] = grid_to_text(grid)
+    if not task.grid_in_prompt:  # e.g. a custom template: scoring must not guess the grid
+        record["input_grid"] = grid_to_text(as_grid(query.input_grid))
     return record
 
 
@@ -331,15 +347,73 @@ async def run_sample(backend: Backend, task: Task, policy: RetryPolicy = RetryPo
     return make_record(task, completion, model or backend.name)
 
 
+def encode_record(record: dict) -> str:
+    """One record as ``json.dumps(records, indent=2)`` prints it inside the list.
+
+    Scalars go through the C encoder, so a results file is joined from cached
+    pieces instead of re-encoded in Python on every save (byte-equal to
+    ``json.dumps(records, indent=2, ensure_ascii=False)``).
+    """
+    if not record:
+        return "  {}"
+    fields = []
+    for key, value in record.items():
+        text = json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
+        fields.append(f"    {json.dumps(key, ensure_ascii=False)}: "
+                      + text.replace("\n", "\n    "))
+    return "  {\n" + ",\n".join(fields) + "\n  }"
+
+
+def _file_text(pieces: Sequence[str]) -> str:
+    return ("[\n" + ",\n".join(pieces) + "\n]\n") if pieces else "[]\n"
+
+
+_GRID_START, _GRID_AFTER = prompts._GRID.split("{GRID}")
+_GRID_END = _GRID_AFTER + prompts._CLOSING.split("{FILL}")[0]
+_PLAIN = frozenset("LSV0123456789.")
+
+
+def _plain_rows(text: str):
+    """Token rows of a clean text grid (rows on lines, cells by spaces; L/S/V and
+    plain numbers only), or None: then the general reader must look at it."""
+    rows = [line.split() for line in text.strip().split("\n")]
+    if not rows or not rows[0] or any(len(r) != len(rows[0]) for r in rows):
+        return None
+    if any(not _PLAIN.issuperset(t) for r in rows for t in r):
+        return None
+    return rows
+
+
+def _prompt_grid(prompt):
+    """The masked grid of a prompt: read straight from between the markers of the
+    project's prompts (the published one and every style), else the prompt itself
+    (whose last grid the scorer finds).  Either way the same grid."""
+    if isinstance(prompt, str):
+        start = prompt.rfind(_GRID_START)
+        end = prompt.find(_GRID_END, start) if start >= 0 else -1
+        if end >= 0:
+            rows = _plain_rows(prompt[start + len(_GRID_START): end])
+            if rows is not None:
+                return rows
+    return prompt
+
+
+def _answer_grid(text):
+    rows = _plain_rows(text) if isinstance(text, str) else None
+    return text if rows is None else rows
+
+
 def _score(records: Sequence[dict], cache=None, design_efficiency: bool = False,
            num_devices: int | None = None) -> list[dict]:
     """Metric fields of results records, scored in one batched call.
 
     The input grid is the record's ``input_grid``, else the last grid of its
-    prompt; the load direction its ``gravity_dir``, else down.
+    prompt; the load direction its ``gravity_dir``, else down.  Grids the
+    project wrote itself (prompt grids, dataset answers) are split into tokens
+    directly; completions go through the general reader.
     """
-    items = [ScoreItem(r.get("completion"), r.get("ground_truth"),
-                       r.get("input_grid") or r.get("prompt"),
+    items = [ScoreItem(r.get("completion"), _answer_grid(r.get("ground_truth")),
+                       _answer_grid(r.get("input_grid")) or _prompt_grid(r.get("prompt")),
                        tuple(r.get("gravity_dir") or DEFAULT_GRAVITY)) for r in records]
     return [m.as_dict() for m in score_batch(items, cache, design_efficiency, num_devices)]
 
@@ -435,11 +509,25 @@ class _Subject:
         self.report = SubjectReport(subject, str(self.path), len(self.tasks))
         self.version = 0  # bumped on every change; files are written newest-first only
         self.written = 0
-        self.aggregated = False
         self.unscored = 0
+        self._encoded: dict[int, str] = {}  # id(record) -> its JSON text
 
     def records(self) -> list[dict]:
         return [r for r in self.slots if r is not None] + self.extra
+
+    def forget(self, record: dict) -> None:
+        """Drop the cached text of a record about to change."""
+        self._encoded.pop(id(record), None)
+
+    def text(self) -> str:
+        """The results file's text (records encoded once per change)."""
+        pieces = []
+        for record in self.records():
+            key = id(record)
+            if key not in self._encoded:
+                self._encoded[key] = encode_record(record)
+            pieces.append(self._encoded[key])
+        return _file_text(pieces)
 
     def missing(self) -> list[int]:
         return [i for i, r in enumerate(self.slots) if r is None]
@@ -466,7 +554,6 @@ class _Subject:
                 previous = agg.get("optimum") if isinstance(agg, dict) else None
         switched = isinstance(previous, str) and previous != optimum
         todo = [r for r in self.records() if switched or SCORED_FIELD not in r]
-        self.aggregated = not switched and self.aggregated_path.exists()
         return todo, (previous if switched else None)
 
     def complete(self) -> bool:
@@ -575,6 +662,7 @@ class _Run:
             metrics = await asyncio.to_thread(_score, [r for _, r in batch], self.cache,
                                               self.design_efficiency, self.num_devices)
             for (st, record), fields in zip(batch, metrics, strict=True):
+                st.forget(record)
                 record.update(fields)
                 st.unscored -= 1
                 self._changed(st)
@@ -584,30 +672,28 @@ class _Run:
             self._report("scored", self.scored, self.scored + pending)
 
     def _snapshot(self) -> list[tuple]:
-        """Write jobs for every changed subject (copies made in the loop thread)."""
+        """Write jobs (file texts, made in the loop thread) for every changed subject."""
         jobs = []
         for st in self.subjects:
             if st.version > st.written:
-                records = [dict(r) for r in st.records()]
                 agg = None
-                if st.complete() and not st.aggregated:
+                if st.complete():  # every sample answered and scored: (re)write the totals
                     existing = None
                     if st.aggregated_path.exists():
                         with contextlib.suppress(CorruptFileError):
                             existing = read_json(st.aggregated_path)
-                    agg = aggregate(records, existing if isinstance(existing, dict) else None,
+                    agg = aggregate(st.records(), existing if isinstance(existing, dict) else None,
                                     optimum=getattr(self.cache, "optimum", None))
-                    st.aggregated = True
-                jobs.append((st, st.version, records, agg))
+                jobs.append((st, st.version, st.text(), agg))
         return jobs
 
     def _write(self, jobs: list[tuple]) -> None:
         """Write snapshots (any thread); an older snapshot never replaces a newer one."""
         with self._write_lock:
-            for st, version, records, agg in jobs:
+            for st, version, text, agg in jobs:
                 if version <= st.written:
                     continue
-                atomic_write_json(st.path, records, indent=2)
+                atomic_write_text(st.path, text)
                 if agg is not None:
                     atomic_write_json(st.aggregated_path, agg, indent=2)
                 st.written = version
@@ -722,7 +808,7 @@ async def run_tasks(backend: Backend, tasks: Mapping[str, Sequence[Task]], folde
             st.report.rescored = len(todo)
             for record in todo:
                 run._queue_scoring(st, record)
-            if st.complete() and not st.aggregated:
+            if st.complete() and not st.aggregated_path.exists():
                 st.version += 1  # write the aggregated file of a subject completed earlier
         run.unscored_since = time.monotonic()
         await run.run()
