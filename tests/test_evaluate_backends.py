@@ -159,9 +159,9 @@ def test_checkpoint_backend_equals_the_training_completion(tmp_path):
     from sphyr_jax.training.evaluation import complete_grid
     from sphyr_jax.training.model import init_model, save_checkpoint
 
-    model = init_model(ModelConfig(width=4, dilations=(1,), mirror_average=False), 3)
-    save_checkpoint(tmp_path / "ckpt", model, ModelConfig(width=4, dilations=(1,),
-                                                          mirror_average=False))
+    config = ModelConfig(width=4, dilations=(1,), canonical=False, mirror_average=False)
+    model = init_model(config, 3)
+    save_checkpoint(tmp_path / "ckpt", model, config)
     backend = make_backend(f"checkpoint:{tmp_path / 'ckpt'}")
     assert backend.name == f"checkpoint:{tmp_path / 'ckpt'}"
     assert type(backend).__module__ == "sphyr_jax.training.backend"  # loaded by name

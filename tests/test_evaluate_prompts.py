@@ -131,3 +131,23 @@ def test_project_styles_and_templates():
     custom = PromptSpec(template="Fill with {FILL}.\n{GRID}\nEnd.")
     assert build_prompt(grid, "full_easy", custom) == (
         f"Fill with {prompts.FILL_EASY}.\nL V\nS 0\nEnd.")
+
+
+def test_scoring_reads_a_prompt_grid_exactly_like_the_general_reader():
+    """The scorer splits the grid of the project's prompts directly; it must be the grid
+    the general reader finds (the last grid of the prompt), for every style and turn."""
+    from sphyr_jax.evaluation.harness import _prompt_grid
+    from sphyr_jax.problem.grids import extract_grid
+
+    stored = [r["prompt"] for path in (GPT4O_RESULTS, CLAUDE_RESULTS) for r in _stored(path)]
+    records = [json.loads(line) for line in
+               (REPO / "data" / "dataset" / "1_random_cell_hard.jsonl").read_text().splitlines()]
+    made = [t.prompt for spec in (PromptSpec(), PromptSpec(rotations=3, few_shot=2),
+                                  PromptSpec(style="physics_neutral"),
+                                  PromptSpec(style="load_direction", rotations=1))
+            for t in subject_tasks(records, "1_random_cell_hard", spec, sample_count=4)]
+    for prompt in stored + made:
+        assert _prompt_grid(prompt) == extract_grid(prompt)
+        assert isinstance(_prompt_grid(prompt), list)
+    custom = "Grid:\n0 L\nV S\nThanks."
+    assert _prompt_grid(custom) == custom  # not the project's markers: left to the reader

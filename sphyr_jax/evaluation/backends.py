@@ -85,6 +85,9 @@ class BackendError(Exception):
 
 def _frozen_grid(grid):
     if isinstance(grid, (list, tuple)):
+        if grid and all(isinstance(row, (list, tuple)) and all(isinstance(t, str) for t in row)
+                        for row in grid):
+            return tuple(map(tuple, grid))  # token rows (the common case)
         return tuple(_frozen_grid(g) for g in grid)
     return str(grid)
 

@@ -157,7 +157,10 @@ def subject_tasks(records: Sequence[dict], subject: str, spec: PromptSpec = DEFA
         query = Query(prompt=prompt, subject=subject, input_grid=record["input_grid"],
                       gravity_dir=gravity, index=record.get("index"), pool=Pool(turned, i))
         shown = spec.template is None or _last_grid_is(prompt, record["input_grid"])
-        tasks.append(Task(query, grid_to_text(as_grid(record["ground_truth"])), rank, shown))
+        answer = record["ground_truth"]
+        if not (isinstance(answer, list) and all(isinstance(r, list) for r in answer)):
+            answer = as_grid(answer)  # the loaders already give token rows
+        tasks.append(Task(query, grid_to_text(answer), rank, shown))
     return tasks
 
 
