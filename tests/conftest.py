@@ -21,7 +21,9 @@ if COMPILE_CACHE:
     enable_compilation_cache(COMPILE_CACHE)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "sphyr_reference"
+# The shared reference data lie beside the checkout; $SPHYR_JAX_SHARED names another folder.
+SHARED = (pathlib.Path(os.environ.get("SPHYR_JAX_SHARED") or REPO.parent / "shared")
+          / "sphyr_reference")
 GPT4O_RESULTS = SHARED / "results" / "gpt-4o-2024-08-06" / "full_easy_results.json"
 CLAUDE_RESULTS = (
     SHARED / "results" / "claude-3-7-sonnet-20250219" / "10_random_cell_hard_results.json"

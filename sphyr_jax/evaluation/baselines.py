@@ -9,11 +9,17 @@ newline/space text.  The baselines:
 * ``empty``: every ``V`` cell becomes ``0`` (``0.0`` in hard subjects);
 * ``solid``: every ``V`` cell becomes ``1`` (``1.0``);
 * ``random``: seeded coin flips (easy) or uniform one-decimal values (hard);
-* ``copy_input``: the input grid returned unchanged, ``V`` cells included.
+* ``copy_input``: the input grid returned unchanged, ``V`` cells included;
+* ``retrieval`` (a model backend only, :class:`RetrievalIndex`): the masked
+  cells copied from the answer of the most similar *other* record of the
+  subject, similarity being the number of visible cells on which that answer
+  agrees with the input.
 
 They bracket the scores a real model should beat: empty answers are rarely
-load-carrying, solid ones always are but waste material, and a copied input
-leaves every masked cell unfilled.
+load-carrying, solid ones always are but waste material, a copied input
+leaves every masked cell unfilled, and retrieval is what memorising the
+subject's other answers buys.  :func:`fill_masked` and :func:`fill_cells`
+fill the ``V`` cells of any grid (2D or 3D); the training layer uses them too.
 """
 
 from __future__ import annotations
@@ -21,13 +27,19 @@ from __future__ import annotations
 import json
 import pathlib
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from sphyr_jax.data.datasets import is_hard, list_subjects, load_subject
 from sphyr_jax.io import atomic_write_files
-from sphyr_jax.problem.grids import MASK, grid_to_text
+from sphyr_jax.problem.grids import (
+    MASK,
+    as_grid,
+    check_rectangular,
+    grid_to_text,
+    parse_number,
+)
 
 MODELS = ("empty", "solid", "random", "copy_input")
 _DIRECTION_WORDS = {(1, 0): "downwards", (-1, 0): "upwards", (0, -1): "to the left",
@@ -71,14 +83,40 @@ def make_prompt(input_grid, hard: bool, gravity_dir=None) -> str:
     )
 
 
-def _fill(grid, values) -> list[list[str]]:
-    """Replace the ``V`` cells of a token grid with ``values`` (row-major iterator)."""
+def _is_cell(value) -> bool:
+    return not isinstance(value, (list, tuple))
+
+
+def _fill(grid, values) -> list:
+    """Replace the ``V`` cells of a token grid (2D or 3D) with ``values`` (row-major iterator)."""
     it = iter(values)
-    return [[next(it) if str(t).strip() == MASK else str(t) for t in row] for row in grid]
+
+    def walk(g):
+        if _is_cell(g):
+            return next(it) if str(g).strip() == MASK else str(g)
+        return [walk(x) for x in g]
+
+    return [walk(x) for x in grid]
 
 
 def _count_masked(grid) -> int:
-    return sum(str(t).strip() == MASK for row in grid for t in row)
+    if _is_cell(grid):
+        return int(str(grid).strip() == MASK)
+    return sum(_count_masked(x) for x in grid)
+
+
+def fill_cells(grid, tokens) -> list:
+    """Token rows (or layers of rows) with V cells replaced by ``tokens`` (same shape)."""
+    if np.ndim(tokens) > 1:
+        return [fill_cells(g, t) for g, t in zip(grid, tokens, strict=True)]
+    return [new if str(t).strip() == MASK else str(t).strip()
+            for t, new in zip(grid, tokens, strict=True)]
+
+
+def fill_masked(input_grid, token: str) -> list:
+    """The input grid (2D or 3D) with every ``V`` cell replaced by ``token``."""
+    grid = as_grid(input_grid)
+    return fill_cells(grid, np.full(check_rectangular(grid), token, dtype=object))
 
 
 def complete(model: str, input_grid, hard: bool, rng: np.random.Generator | None = None):
@@ -95,7 +133,7 @@ def complete(model: str, input_grid, hard: bool, rng: np.random.Generator | None
     """
     n = _count_masked(input_grid)
     if model == "copy_input":
-        return [[str(t) for t in row] for row in input_grid]
+        return _fill(input_grid, [MASK] * n)
     if model in ("empty", "solid"):
         token = ("0", "1")[model == "solid"]
         return _fill(input_grid, [f"{token}.0" if hard else token] * n)
@@ -108,6 +146,65 @@ def complete(model: str, input_grid, hard: bool, rng: np.random.Generator | None
             values = [str(v) for v in rng.integers(0, 2, size=n)]
         return _fill(input_grid, values)
     raise ValueError(f"unknown baseline {model!r}; choose from {MODELS}")
+
+
+def _cell_key(token) -> str:
+    """A token for comparisons: numbers by value ("1" == "1.0"), letters as written."""
+    value = parse_number(token)
+    return f"{value:.6g}" if value is not None else str(token).strip()
+
+
+_cell_keys = np.vectorize(_cell_key, otypes=[object])
+
+
+class RetrievalIndex:
+    """The answers of a subject's records, ready for nearest-record look-ups.
+
+    For a masked input ``x`` (cells ``x_ij``, visible where ``x_ij != V``) and
+    a solved record ``r`` of the same shape (answer cells ``a_ij``), the
+    similarity is ``sum_ij [x_ij visible] [x_ij == a_ij]`` (numbers compared by
+    value).  :meth:`fill` copies the masked cells of the most similar record's
+    answer (the first one on ties), never the record it is told to exclude.
+
+    Args:
+        records: solved records ``{"input_grid", "ground_truth"}`` (only the
+            answers are used), 2D or 3D, any mix of shapes.
+    """
+
+    def __init__(self, records: Iterable[dict]):
+        self._keys: dict[tuple, list[tuple[int, np.ndarray]]] = {}
+        self._answers: list[list] = []
+        for position, record in enumerate(records):
+            answer = as_grid(record["ground_truth"])
+            self._answers.append(answer)
+            keys = _cell_keys(np.array(answer, dtype=object))
+            self._keys.setdefault(keys.shape, []).append((position, keys))
+        self._stacked = {shape: (np.array([p for p, _ in items]), np.stack([k for _, k in items]))
+                         for shape, items in self._keys.items()}
+
+    def nearest(self, input_grid, exclude: int | None = None) -> int | None:
+        """Position (in the records given) of the most similar answer; None if no
+        other record has the input's shape."""
+        grid = np.array(as_grid(input_grid), dtype=object)
+        if grid.shape not in self._stacked:
+            return None
+        positions, keys = self._stacked[grid.shape]
+        query = _cell_keys(grid)
+        visible = query != MASK
+        agree = ((keys == query[None]) & visible[None]).reshape(len(positions), -1).sum(axis=1)
+        if exclude is not None:
+            agree = np.where(positions == exclude, -1, agree)
+        best = int(np.argmax(agree))
+        return None if agree[best] < 0 else int(positions[best])
+
+    def fill(self, input_grid, exclude: int | None = None) -> list | None:
+        """The input with its ``V`` cells copied from the nearest answer (token
+        rows); None when no other record has the input's shape."""
+        best = self.nearest(input_grid, exclude)
+        if best is None:
+            return None
+        grid = as_grid(input_grid)
+        return fill_cells(grid, np.array(self._answers[best], dtype=object))
 
 
 def _subject_rng(seed: int, subject: str) -> np.random.Generator:

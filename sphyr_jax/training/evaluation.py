@@ -15,7 +15,8 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from sphyr_jax.problem.grids import MASK, as_grid, check_rectangular
+from sphyr_jax.evaluation.baselines import fill_cells, fill_masked
+from sphyr_jax.problem.grids import as_grid, check_rectangular
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY
 from sphyr_jax.training.model import predict
 from sphyr_jax.training.problems import grid_features
@@ -61,21 +62,7 @@ def complete_grids(model, input_grids: Sequence, hard: bool, gravity_dirs=None) 
     feats = np.stack([grid_features(g, d) for g, d in zip(grids, gravity_dirs, strict=True)])
     rho = np.asarray(_predict(model, jnp.asarray(feats)))
     to_token = np.vectorize(lambda v: _token(v, hard), otypes=[object])
-    return [_fill(grid, to_token(values)) for grid, values in zip(grids, rho, strict=True)]
-
-
-def _fill(grid, tokens):
-    """Token rows (or layers of rows) with V cells replaced by ``tokens`` (same shape)."""
-    if np.ndim(tokens) > 1:
-        return [_fill(g, t) for g, t in zip(grid, tokens, strict=True)]
-    return [new if str(t).strip() == MASK else str(t).strip()
-            for t, new in zip(grid, tokens, strict=True)]
-
-
-def fill_masked(input_grid, token: str) -> list:
-    """The input grid (2D or 3D) with every ``V`` cell replaced by ``token``."""
-    grid = as_grid(input_grid)
-    return _fill(grid, np.full(check_rectangular(grid), token, dtype=object))
+    return [fill_cells(grid, to_token(values)) for grid, values in zip(grids, rho, strict=True)]
 
 
 def complete_grid(model, input_grid, hard: bool, gravity_dir=None) -> list:

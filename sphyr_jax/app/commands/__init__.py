@@ -19,6 +19,7 @@ MODULES = (
     "generate",
     "baselines",
     "plot",
+    "evaluate",
     "serve",
 )
 
