@@ -287,3 +287,36 @@ def test_readme_python_blocks_run(capsys):
         exec(compile(block, "README.md", "exec"), namespace)
     printed = capsys.readouterr().out
     assert "True" in printed
+
+
+def test_evaluate_feedback_rounds_and_resample(tmp_path, monkeypatch, optimum_cache, capsys):
+    """``evaluate --feedback_rounds=1 [--resample]`` with a fixed model: both rounds score
+    the solid fill of each sample, whose figures get_structural_metrics gives directly."""
+    from sphyr_jax.data.datasets import load_subject
+    from sphyr_jax.evaluation.baselines import fill_masked
+    from sphyr_jax.evaluation.prompts import sample_order
+
+    records = sample_order(load_subject(str(REPO / "data" / "dataset"), "full_easy"), 2)
+    expected = np.mean([sj.get_structural_metrics(fill_masked(r["input_grid"], "1"),
+                                                  r["ground_truth"], r["input_grid"],
+                                                  cache=optimum_cache).topology_score
+                        for r in records])
+    for extra, mode in (([], "feedback"), (["--resample"], "resample")):
+        status = _run_app(["evaluate", "--model=baseline:solid", "--feedback_rounds=1",
+                           "--subjects=full_easy", "--sample_count=2",
+                           f"--results_root={tmp_path}", "--progress=false", *extra],
+                          monkeypatch, optimum_cache)
+        assert status == 0
+        folder = tmp_path / f"baseline_solid_{mode}_1"
+        table = json.loads((folder / "full_easy_rounds.json").read_text())
+        assert table["mode"] == mode and [row["round"] for row in table["table"]] == [0, 1]
+        for row in table["table"]:
+            assert row["mean_topology_score"] == pytest.approx(expected, rel=1e-12)
+            assert row["valid_share"] == 1.0
+        episodes = (folder / "full_easy_trajectories.jsonl").read_text().splitlines()
+        assert len(episodes) == 2
+        rounds = json.loads(episodes[0])["trajectory"]
+        assert len(rounds) == 2
+        # Feedback shows the verdict in the second prompt; the control asks the same again.
+        assert (rounds[1]["prompt"] != rounds[0]["prompt"]) == (mode == "feedback")
+    capsys.readouterr()

@@ -408,7 +408,7 @@ def _answer_grid(text):
 
 def _score(records: Sequence[dict], cache=None, design_efficiency: bool = False,
            num_devices: int | None = None) -> list[dict]:
-    """Metric fields of results records, scored in one batched call.
+    """Every metric field of results records (physics and static), in one batched call.
 
     The input grid is the record's ``input_grid``, else the last grid of its
     prompt; the load direction its ``gravity_dir``, else down.  Grids the
@@ -418,7 +418,8 @@ def _score(records: Sequence[dict], cache=None, design_efficiency: bool = False,
     items = [ScoreItem(r.get("completion"), _answer_grid(r.get("ground_truth")),
                        _answer_grid(r.get("input_grid")) or _prompt_grid(r.get("prompt")),
                        tuple(r.get("gravity_dir") or DEFAULT_GRAVITY)) for r in records]
-    return [m.as_dict() for m in score_batch(items, cache, design_efficiency, num_devices)]
+    return [m.as_dict() for m in score_batch(items, cache, design_efficiency, num_devices,
+                                             static=True)]
 
 
 # --------------------------------------------------------------------------- reports
@@ -804,10 +805,10 @@ async def run_tasks(backend: Backend, tasks: Mapping[str, Sequence[Task]], folde
                    score_batch_size=score_batch_size, score_wait=score_wait,
                    progress=progress, log=log, rng=random.Random(seed))
         for st in subjects:
-            todo, previous = st.load(cache.optimum)
+            todo, previous = st.load(cache.yardstick)
             if previous is not None and log is not None:
                 log(f"{st.path}: its figures came from the {previous!r} yardstick; "
-                    f"rescoring with {cache.optimum!r}")
+                    f"rescoring with {cache.yardstick!r}")
             st.report.rescored = len(todo)
             for record in todo:
                 run._queue_scoring(st, record)
@@ -817,7 +818,7 @@ async def run_tasks(backend: Backend, tasks: Mapping[str, Sequence[Task]], folde
         await run.run()
     summary = RunSummary(model=model, folder=str(folder), failures=run.failures,
                          retries=run.retries, scored=run.scored, score_batches=run.batches,
-                         optimum=cache.optimum)
+                         optimum=cache.yardstick)
     for st in subjects:
         records = st.records()
         scored = [r for r in records if SCORED_FIELD in r]

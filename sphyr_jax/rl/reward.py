@@ -204,7 +204,7 @@ class TopologyReward:
     def __init__(self, cache: OptimumCache | None = None, cache_dir=None,
                  optimum: str = "reference", num_devices: int | None = None):
         self.cache = cache if cache is not None else OptimumCache(
-            cache_dir, optimum=optimum, num_devices=num_devices)
+            cache_dir, yardstick=optimum, num_devices=num_devices)
         self.num_devices = num_devices
         self.__name__ = "topology_reward"  # trainers log a reward under its function's name
 

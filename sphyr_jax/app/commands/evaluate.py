@@ -54,6 +54,13 @@ flags.DEFINE_string("replay_from", None,
 flags.DEFINE_integer("score_batch", 64, "Answers gathered before a scoring batch starts.",
                      lower_bound=1)
 
+flags.DEFINE_integer("feedback_rounds", 0,
+                     "The feedback experiment: revisions per sample after the first answer, "
+                     "each shown the simulation's verdict (0: a plain run).", lower_bound=0)
+flags.DEFINE_bool("resample", False,
+                  "With --feedback_rounds=K: the control, K more independent attempts at the "
+                  "original prompt instead of revisions.")
+
 FLAGS = flags.FLAGS
 
 
@@ -88,6 +95,53 @@ def _spec():
                       few_shot=FLAGS.few_shot)
 
 
+def _feedback_experiment(model: str, root: str, seed: int) -> int:
+    """``--feedback_rounds=K [--resample]``: per-episode trajectories and a per-round table.
+
+    Written to ``<results_root>/<model><suffix>_feedback_<K>`` (or
+    ``_resample_<K>``), one ``<subject>_trajectories.jsonl`` and
+    ``<subject>_rounds.{json,md}`` per subject.
+    """
+    import asyncio
+
+    from sphyr_jax.data.datasets import load_subject
+    from sphyr_jax.evaluation.backends import as_query, make_backend
+    from sphyr_jax.evaluation.harness import (
+        RetryPolicy,
+        ask,
+        dataset_subjects,
+        results_folder,
+    )
+    from sphyr_jax.rl.experiment import run_feedback_experiment
+    from sphyr_jax.rl.samples import build_samples
+
+    spec = _spec()
+    mode = "resample" if FLAGS.resample else "feedback"
+    dataset = _dataset()
+    folder = results_folder(root, model, f"{spec.suffix}_{mode}_{FLAGS.feedback_rounds}")
+    folder.mkdir(parents=True, exist_ok=True)
+    backend = make_backend(model, base_url=FLAGS.base_url, api_key_env=FLAGS.api_key_env,
+                           max_tokens=FLAGS.max_tokens, temperature=FLAGS.temperature,
+                           timeout=FLAGS.timeout, seed=seed)
+    policy = RetryPolicy(max_retries=FLAGS.max_retries, initial_delay=FLAGS.retry_delay)
+
+    async def call(prompt: str) -> str:
+        return await ask(backend, as_query(prompt), policy)
+
+    cache = common.cache()
+    for subject in FLAGS.subjects or dataset_subjects(dataset):
+        samples = build_samples(load_subject(dataset, subject), subject, spec,
+                                FLAGS.sample_count or None, seed)
+        result = run_feedback_experiment(call, samples, FLAGS.feedback_rounds, mode, folder,
+                                         subject, cache, max_concurrency=FLAGS.concurrency)
+        print(f"{subject} ({mode}, {len(samples)} samples)")
+        print(result.markdown())
+        print()
+    asyncio.run(backend.aclose())
+    print(f"wrote trajectories and per-round tables under {folder}")
+    return 0
+
+
 def main() -> int:
     import logging
 
@@ -102,6 +156,8 @@ def main() -> int:
     if replay:
         common.require("replay_from", NAME, exists=True)
     seed = 42 if FLAGS.seed is None else FLAGS.seed  # the published sample order
+    if FLAGS.feedback_rounds:
+        return _feedback_experiment(model, root, seed)
     summary = evaluate(
         model,
         results_root=root,
