@@ -10,7 +10,9 @@ Every request is logged (arrival and finish time, prompt, status, the
 It is bounded: after ``max_requests`` requests it answers 503, and it shuts
 itself down ``lifetime`` seconds after starting (or when the ``with`` block
 ends).  ``python tests/chat_server.py --delay 0.2`` serves the solid-fill
-answer in a separate process (prints ``http://127.0.0.1:PORT/v1`` first).
+answer in a separate process on one asyncio loop (:func:`serve_solid`, for
+benchmarks: many replies due at once leave together); it prints
+``http://127.0.0.1:PORT/v1`` first.
 """
 
 from __future__ import annotations
@@ -115,6 +117,13 @@ class ChatServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def settle(self, timeout: float = 30.0) -> None:
+        """Wait until no request is being answered (a client that gave up on a slow
+        reply leaves its handler sleeping; its hit is logged when it ends)."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def prompts(self, status: int | None = 200) -> list[str]:
         """Prompts of the requests answered with ``status`` (None: all), in arrival order."""
         return [h.prompt for h in self.hits if status is None or h.status == status]
@@ -188,19 +197,68 @@ class ChatServer:
         return Handler
 
 
+def _completion(model, content: str) -> bytes:
+    return json.dumps({
+        "id": "chatcmpl-0", "object": "chat.completion", "created": int(time.time()),
+        "model": model, "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+    }).encode("utf-8")
+
+
+async def serve_solid(delay: float, lifetime: float, max_requests: int, ready) -> None:
+    """The solid-fill endpoint on one asyncio loop (no thread per connection, so 32
+    replies due at the same instant leave together): HTTP/1.1 with keep-alive."""
+    import asyncio
+
+    served = 0
+    done = asyncio.Event()
+
+    async def handle(reader, writer):
+        nonlocal served
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                headers = {k.strip().lower(): v.strip()
+                           for k, _, v in (line.partition(":") for line in head[1:] if line)}
+                request = json.loads(await reader.readexactly(int(headers.get("content-length")
+                                                                  or 0)) or b"{}")
+                served += 1
+                if served > max_requests:
+                    status, body = "503 Service Unavailable", b'{"error": {"message": "budget"}}'
+                    done.set()
+                else:
+                    await asyncio.sleep(delay)
+                    status = "200 OK"
+                    body = _completion(request.get("model"),
+                                       solid_fill(request["messages"][-1]["content"]))
+                writer.write(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=512)
+    ready(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1")
+    async with server:
+        try:
+            await asyncio.wait_for(done.wait(), lifetime)
+        except asyncio.TimeoutError:
+            pass
+
+
 def main() -> None:
+    import asyncio
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each reply")
     parser.add_argument("--lifetime", type=float, default=600.0)
     parser.add_argument("--max_requests", type=int, default=100_000)
     args = parser.parse_args()
-    server = ChatServer(lambda prompt, attempt: Reply(solid_fill(prompt), delay=args.delay),
-                        max_requests=args.max_requests, lifetime=args.lifetime).start()
-    print(server.url, flush=True)
-    try:
-        server._thread.join()
-    except KeyboardInterrupt:
-        server.stop()
+    asyncio.run(serve_solid(args.delay, args.lifetime, args.max_requests,
+                            lambda url: print(url, flush=True)))
     sys.exit(0)
 
 

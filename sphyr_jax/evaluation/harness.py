@@ -83,7 +83,6 @@ from sphyr_jax.scoring.results import AGGREGATED_SUFFIX, RESULTS_SUFFIX, aggrega
 SCORED_FIELD = "topology_score"  # a record holding it has been scored
 DEFAULT_SCORE_BATCH = 64  # answers gathered before a scoring batch starts
 DEFAULT_SCORE_WAIT = 10.0  # seconds an answer waits for its batch to fill
-MAX_SCORE_BATCH = 4096  # records per scoring call (bounds memory)
 LOCK_FILE = ".evaluate.lock"
 _DOWN = (1, 0)
 DEFAULT_SPEC = PromptSpec()  # the published prompt, no rotation, zero-shot
@@ -659,7 +658,7 @@ class _Run:
                 if left > 0:
                     await self._wait(self.wake_scorer, left)
                     continue
-            batch = self.unscored[:MAX_SCORE_BATCH]
+            batch = self.unscored[: self.score_batch_size]  # even batches: few compiled sizes
             del self.unscored[: len(batch)]
             if self.unscored:
                 self.unscored_since = time.monotonic()
@@ -776,9 +775,11 @@ async def run_tasks(backend: Backend, tasks: Mapping[str, Sequence[Task]], folde
             fresh in-memory ``reference`` one; give it a folder to keep optima).
         design_efficiency: also score at each completion's own budget.
         num_devices: devices scoring is split over (None: all local).
-        score_batch_size: answers gathered before a scoring batch starts (a
-            batch also starts when an answer has waited ``score_wait`` seconds
-            or when every call is done).
+        score_batch_size: records per scoring batch: a batch starts when this
+            many answers are waiting, when an answer has waited ``score_wait``
+            seconds, or when every call is done; batches never hold more (every
+            batch size compiles once, so sizes stay few; the optimum cache
+            optimises at most 64 samples at a time anyway).
         score_wait: see ``score_batch_size``.
         progress: optional callable(stage, done, total).
         log: optional callable(str) for retries, failures and yardstick changes.
