@@ -103,8 +103,8 @@ def _split_row(line: str) -> list[str]:
 def _is_grid_line(tokens: list[str]) -> bool:
     if not tokens:
         return False
-    good = sum(is_cell_token(t) for t in tokens)
-    return 2 * good >= len(tokens) and all(len(t) <= 24 for t in tokens)
+    good = sum(map(is_cell_token, tokens))
+    return 2 * good >= len(tokens) and max(map(len, tokens)) <= 24
 
 
 def _normalise_text(text: str) -> str:
@@ -264,24 +264,21 @@ def densities_from_grid(
             unfilled_cells=sum(r.unfilled_cells for _, r in layers),
             unparsable_cells=sum(r.unparsable_cells for _, r in layers))
     nely, nelx = check_rectangular(grid)
-    out = np.zeros((nely, nelx), dtype=np.float64)
-    unfilled = unparsable = 0
-    for r, row in enumerate(grid):
-        for c, token in enumerate(row):
-            t = token.strip() if isinstance(token, str) else token
-            if t in STRUCTURAL:
-                out[r, c] = 1.0
-            elif t == MASK:
-                out[r, c] = mask_density
-                unfilled += 1
-            else:
-                value = parse_number(t)
-                if value is None:
-                    out[r, c] = mask_density
-                    unparsable += 1
-                else:
-                    out[r, c] = min(max(value, 0.0), 1.0)
-    return out, GridReport(unfilled_cells=unfilled, unparsable_cells=unparsable)
+    flat = [t.strip() if isinstance(t, str) else t for row in grid for t in row]
+    cells = {}  # each distinct token read once: (density, unfilled, unparsable)
+    for t in set(flat):
+        if t in STRUCTURAL:
+            cells[t] = (1.0, 0, 0)
+        elif t == MASK:
+            cells[t] = (mask_density, 1, 0)
+        else:
+            value = parse_number(t)
+            cells[t] = ((mask_density, 0, 1) if value is None
+                        else (min(max(value, 0.0), 1.0), 0, 0))
+    read = [cells[t] for t in flat]
+    out = np.array([d for d, _, _ in read], dtype=np.float64).reshape(nely, nelx)
+    return out, GridReport(unfilled_cells=sum(u for _, u, _ in read),
+                           unparsable_cells=sum(b for _, _, b in read))
 
 
 def token_masks(grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -192,7 +192,7 @@ class TopologyReward:
     Args:
         cache: an optimum cache to use (wins over the other arguments).
         cache_dir: folder that keeps optima between runs (None: memory only).
-        optimum: the yardstick, ``"reference"`` (the published one) or ``"strong"``.
+        yardstick: ``"reference"`` (the published optimum) or ``"strong"``.
         num_devices: devices batches are split over (None: all local).
 
     Example::
@@ -202,9 +202,9 @@ class TopologyReward:
     """
 
     def __init__(self, cache: OptimumCache | None = None, cache_dir=None,
-                 optimum: str = "reference", num_devices: int | None = None):
+                 yardstick: str = "reference", num_devices: int | None = None):
         self.cache = cache if cache is not None else OptimumCache(
-            cache_dir, yardstick=optimum, num_devices=num_devices)
+            cache_dir, yardstick=yardstick, num_devices=num_devices)
         self.num_devices = num_devices
         self.__name__ = "topology_reward"  # trainers log a reward under its function's name
 
@@ -277,7 +277,7 @@ def topology_reward(prompts=None, completions=None, **columns) -> list[float]:
     input_grid=[...], ground_truth=[...], gravity_dir=[...], subject=[...],
     ...)`` with one entry per completion; optima are computed once per distinct
     sample and kept in memory for the life of the process.  For a cache on
-    disk or another yardstick use a :class:`TopologyReward` instance.
+    disk or the other yardstick use a :class:`TopologyReward` instance.
     See :meth:`TopologyReward.__call__`.
     """
     global _SHARED
