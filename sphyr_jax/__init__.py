@@ -32,9 +32,11 @@ from sphyr_jax.problem.grids import (
 )
 from sphyr_jax.problem.loadcase import (
     LoadCase,
+    direction_words,
     gravity_from_folder,
     index_load_case,
     load_case_from_grid,
+    record_gravity,
     stack_load_cases,
 )
 from sphyr_jax.runtime import enable_compilation_cache, enable_x64, require_x64
@@ -98,6 +100,7 @@ __all__ = [
     "compliance",
     "dense_stiffness",
     "densities_from_grid",
+    "direction_words",
     "element_stiffness",
     "element_strain_energy",
     "enable_compilation_cache",
@@ -109,6 +112,7 @@ __all__ = [
     "grid_to_text",
     "index_load_case",
     "load_case_from_grid",
+    "record_gravity",
     "require_x64",
     "simp_moduli",
     "solve",

@@ -28,6 +28,7 @@ import numpy as np
 from sphyr_jax.data.datasets import is_hard, list_subjects, load_subject
 from sphyr_jax.io import atomic_write_files
 from sphyr_jax.problem.grids import MASK, grid_to_text
+from sphyr_jax.problem.loadcase import direction_words
 
 MODELS = ("empty", "solid", "random", "copy_input")
 _DIRECTION_WORDS = {(1, 0): "downwards", (-1, 0): "upwards", (0, -1): "to the left",
@@ -53,7 +54,7 @@ def make_prompt(input_grid, hard: bool, gravity_dir=None) -> str:
     direction = "downwards (towards the bottom of the grid)"
     if gravity_dir is not None:
         key = tuple(int(v) for v in gravity_dir)
-        direction = _DIRECTION_WORDS.get(key, f"along the row/column step {list(key)}")
+        direction = _DIRECTION_WORDS.get(key) or direction_words(gravity_dir)
     return (
         "The grid below describes a two-dimensional structure cut into square cells.\n"
         "Legend: L marks a cell where the load acts, S marks a supported (fixed) cell, "

@@ -26,7 +26,8 @@ import time
 from collections import defaultdict
 
 from sphyr_jax.io import CorruptFileError, atomic_write_json, read_json
-from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY, gravity_from_folder
+from sphyr_jax.problem.grids import InvalidProblemError
+from sphyr_jax.problem.loadcase import gravity_from_folder, record_gravity
 from sphyr_jax.scoring.metrics import STRUCTURAL_METRIC_KEYS, ScoreItem, score_batch
 from sphyr_jax.sharding import device_count
 from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
@@ -34,6 +35,7 @@ from sphyr_jax.topopt.optimum import OptimumCache, optimum_name, optimum_options
 RESULTS_SUFFIX = "_results.json"
 AGGREGATED_SUFFIX = "_aggregated_results.json"
 DEFAULT_CHUNK = 4096  # records scored per batch (bounds memory)
+UNUSABLE_GRAVITY = (float("nan"), float("nan"))  # a malformed gravity_dir: the record is invalid
 LEADERBOARD_KEYS = (
     "topology_score",
     "structural_efficiency",
@@ -109,14 +111,14 @@ def _read_records(path: pathlib.Path) -> list[dict]:
     return records
 
 
-def _item(record: dict, gravity) -> ScoreItem:
+def _item(record: dict, folder: str) -> ScoreItem:
     prompt = record.get("prompt")
     input_grid = prompt if prompt is not None else record.get("input_grid")
-    gravity = record.get("gravity_dir", gravity)
-    if not isinstance(gravity, (list, tuple)):
-        gravity = DEFAULT_GRAVITY
-    return ScoreItem(record.get("completion"), record.get("ground_truth"), input_grid,
-                     tuple(gravity))
+    try:  # the record's own gravity_dir, else its folder's rotation, else down
+        gravity = record_gravity(record, folder, ndim=None)
+    except InvalidProblemError:
+        gravity = UNUSABLE_GRAVITY
+    return ScoreItem(record.get("completion"), record.get("ground_truth"), input_grid, gravity)
 
 
 def _means(records: list[dict], keys) -> dict:
@@ -233,7 +235,7 @@ def rescore_tree(
                 log(f"{rf.path}: its figures came from the {previous!r} yardstick; "
                     f"rescoring with {cache.optimum!r}")
     flat = [(k, rec) for k, (rf, recs) in enumerate(loaded) for rec in recs]
-    items = [_item(rec, loaded[k][0].gravity_dir) for k, rec in flat]
+    items = [_item(rec, loaded[k][0].model) for k, rec in flat]
     for lo in range(0, len(items), max(1, chunk)):
         scored = score_batch(items[lo: lo + chunk], cache, design_efficiency, num_devices,
                              progress)

@@ -11,7 +11,7 @@ SUMMARY = "Write results files of the fixed baselines (empty, solid, random fill
 def main() -> int:
     from sphyr_jax.evaluation.baselines import write_baseline_results
 
-    dataset = common.FLAGS.dataset_dir or common.data_dir("dataset")
+    dataset = common.dataset()
     root = common.require("results_root", NAME)
     paths = write_baseline_results(dataset, root, seed=common.FLAGS.seed or 0)
     print(f"wrote {len(paths)} results files under {root}")
