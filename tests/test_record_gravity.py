@@ -158,3 +158,21 @@ def test_rescore_uses_the_record_direction_then_the_folder(tmp_path, optimum_cac
         assert out[2]["compliance"] is None and out[2]["topology_score"] == 0.0
     # Along the folder's (or the default) direction the answer of ``a`` is another problem.
     assert abs(scipy_compliance(a["ground_truth"], (1, 0)) - want_a) > 1e-3 * want_a
+
+
+def test_baseline_results_copy_each_record_direction(tmp_path):
+    from sphyr_jax.app.commands import baselines as command
+    from sphyr_jax.evaluation.baselines import ANSWER, MODELS, write_baseline_results
+
+    assert command.CHOICES == MODELS + (ANSWER,)
+    source = dataset_source("v2")
+    write_baseline_results(source, tmp_path, models=("answer", "empty"))
+    data = load_subject(source, "3_random_column_hard")
+    for model in ("answer", "empty"):
+        out = json.loads((tmp_path / model / "3_random_column_hard_results.json").read_text())
+        assert [r["gravity_dir"] for r in out] == [r["gravity_dir"] for r in data]
+        diagonal = [(r, p) for r, p in zip(data, out, strict=True) if all(r["gravity_dir"])]
+        assert diagonal and all(direction_words(r["gravity_dir"]) in p["prompt"]
+                                for r, p in diagonal)
+    answers = json.loads((tmp_path / "answer" / "3_random_column_hard_results.json").read_text())
+    assert [a["completion"] for a in answers] == [grid_to_text(r["ground_truth"]) for r in data]

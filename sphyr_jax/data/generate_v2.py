@@ -97,6 +97,7 @@ MIN_LAYOUT_DISTANCE = 6
 MIN_STRUCTURE_DISTANCE = 8
 DEGENERATE_COMPLIANCE = 1e6
 MIN_GRID_SIZE = 5  # a support group of 5 cells must fit on an edge
+POLISH_CHUNK = 4  # swap passes per device call of the polish
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,6 +334,33 @@ def _polish_fn(case, x, mask, *, static):
     return yardstick_polish.polish(case, x, mask, static)
 
 
+def _polish(batch: LoadCase, designs, design_mask, options: V2Options, num_devices, report):
+    """The swap polish of 0/1 designs, :data:`POLISH_CHUNK` passes per device call.
+
+    A pass starts from an exact solve of the current design, so calls can be
+    chained; a design a call left unchanged has no improving swap and leaves
+    the batch, so a few long polishes do not keep the whole batch busy.
+    """
+    nb = len(designs)
+    out = designs.reshape(nb, -1).copy()
+    mask = design_mask.reshape(nb, -1)
+    active = np.arange(nb)
+    done_passes = 0
+    while len(active) and done_passes < options.polish_passes:
+        chunk = min(POLISH_CHUNK, options.polish_passes - done_passes)
+        static = dataclasses.replace(options, polish_passes=chunk).polish_static()
+        part = jax.tree.map(lambda a, idx=active: np.asarray(a)[idx], batch)
+        moved = np.asarray(batch_call(_polish_fn, part, out[active], mask[active],
+                                      static=static, num_devices=num_devices)[0])
+        changed = np.any(moved != out[active], axis=1)
+        out[active] = moved
+        active = active[changed]  # an unchanged design has no improving swap left
+        done_passes += chunk
+        report("polish", nb - len(active), nb)
+    report("polish", nb, nb)
+    return out.reshape(designs.shape)
+
+
 def optimise_v2(candidates: Sequence[V2Candidate], options: V2Options = DEFAULT_V2_OPTIONS,
                 num_devices: int | None = None, progress=None) -> V2Answers:
     """Optimise a batch of candidates and derive their easy and hard answers.
@@ -372,12 +400,7 @@ def optimise_v2(candidates: Sequence[V2Candidate], options: V2Options = DEFAULT_
     structural = np.asarray(batch.load_mask | batch.support_mask)
     free = np.array([c.solid_cells for c in candidates], np.float64) - structural.sum((-2, -1))
     rounded = np.asarray(binarize(optimum, design, np.asarray(batch.pinned), free))
-    easy = rounded
-    if options.polish_passes > 0:
-        flat = batch_call(_polish_fn, batch, rounded.reshape(nb, -1), design.reshape(nb, -1),
-                          static=options.polish_static(), num_devices=num_devices)
-        easy = np.asarray(flat[0]).reshape(rounded.shape)
-    report("polish", nb, nb)
+    easy = _polish(batch, rounded, design, options, num_devices, report)
     swaps = np.sum(easy != rounded, axis=(-2, -1)) // 2
     hard = np.where(design, round_one_decimal(optimum), 1.0)
     both = jax.tree.map(lambda a: np.concatenate([a, a]), batch)

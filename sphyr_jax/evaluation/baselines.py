@@ -9,7 +9,10 @@ newline/space text.  The baselines:
 * ``empty``: every ``V`` cell becomes ``0`` (``0.0`` in hard subjects);
 * ``solid``: every ``V`` cell becomes ``1`` (``1.0``);
 * ``random``: seeded coin flips (easy) or uniform one-decimal values (hard);
-* ``copy_input``: the input grid returned unchanged, ``V`` cells included.
+* ``copy_input``: the input grid returned unchanged, ``V`` cells included;
+* ``answer`` (opt-in, not among :data:`MODELS`): the dataset answer itself,
+  the ceiling a model can reach (its score is the answer's distance from the
+  yardstick's optimum).
 
 They bracket the scores a real model should beat: empty answers are rarely
 load-carrying, solid ones always are but waste material, and a copied input
@@ -31,6 +34,7 @@ from sphyr_jax.problem.grids import MASK, grid_to_text
 from sphyr_jax.problem.loadcase import direction_words
 
 MODELS = ("empty", "solid", "random", "copy_input")
+ANSWER = "answer"  # opt-in: the dataset answer itself, the ceiling a model can reach
 _DIRECTION_WORDS = {(1, 0): "downwards", (-1, 0): "upwards", (0, -1): "to the left",
                     (0, 1): "to the right"}
 
@@ -127,7 +131,8 @@ def baseline_records(model: str, subject: str, records: Sequence[dict], seed: in
             "subject": subject,
             "prompt": make_prompt(record["input_grid"], hard, gravity),
             "ground_truth": grid_to_text(record["ground_truth"]),
-            "completion": grid_to_text(complete(model, record["input_grid"], hard, rng)),
+            "completion": grid_to_text(record["ground_truth"] if model == ANSWER
+                                       else complete(model, record["input_grid"], hard, rng)),
         }
         if gravity is not None:
             row["gravity_dir"] = list(gravity)
@@ -148,7 +153,8 @@ def write_baseline_results(dataset_dir, results_root, seed: int = 0,
             source :func:`sphyr_jax.data.datasets.load_subject` reads).
         results_root: results are written to ``<results_root>/<model>/``.
         seed: seed of the ``random`` baseline (per subject, order-independent).
-        models: baselines to write.
+        models: baselines to write (:data:`MODELS`, and :data:`ANSWER`: the
+            dataset answer as the completion).
 
     Returns:
         The written paths, model by model, subjects in the standard order.
@@ -158,9 +164,9 @@ def write_baseline_results(dataset_dir, results_root, seed: int = 0,
         sphyr_jax.data.datasets.DatasetError: for a malformed subject file.
         OSError: if writing fails; no results file is then changed.
     """
-    unknown = [m for m in models if m not in MODELS]
+    unknown = [m for m in models if m not in MODELS + (ANSWER,)]
     if unknown:
-        raise ValueError(f"unknown baselines {unknown}; choose from {MODELS}")
+        raise ValueError(f"unknown baselines {unknown}; choose from {MODELS + (ANSWER,)}")
     root = pathlib.Path(dataset_dir)
     subjects = [s for s in list_subjects()
                 if (root / f"{s}.jsonl").is_file() or (root / f"{s}.json").is_file()]
