@@ -176,3 +176,7 @@ def test_baseline_results_copy_each_record_direction(tmp_path):
                                 for r, p in diagonal)
     answers = json.loads((tmp_path / "answer" / "3_random_column_hard_results.json").read_text())
     assert [a["completion"] for a in answers] == [grid_to_text(r["ground_truth"]) for r in data]
+    # The shipped results are this command's output on the shipped set, byte for byte.
+    for path in sorted((tmp_path / "empty").iterdir()):
+        assert (REPO / "data" / "results_v2" / "empty" / path.name).read_bytes() == \
+            path.read_bytes()

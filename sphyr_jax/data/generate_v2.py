@@ -22,12 +22,15 @@ sets, ``v2`` and ``v2-20``).  One sample:
   is the stiffest (at p = 3) of the SIMP runs of :class:`V2Options` over every
   non-L/S cell (default: the continuation chain p = 1 -> 2 -> 3 from a
   uniform start, filter radius 1.2, stopping at a largest design change of
-  1e-2 or 200 iterations per stage).  The *easy* answer is that optimum
-  binarised to exactly $V$ solid cells (its densest design cells), then
-  improved by single material swaps that keep the count, with the reference
-  yardstick's moves (the least strained solid cells against the empty cells
-  beside the most strained ones, until a pass finds no improving swap); the
-  *hard* answer is the optimum's physical densities rounded to one decimal.
+  1e-2 or 200 iterations per stage): the design variables of the run's last
+  stage, scored as they are (unfiltered, as the scorer scores a completion;
+  they are crisper and stiffer than the filtered field).  The *easy* answer
+  is that optimum binarised to exactly $V$ solid cells (its densest design
+  cells), then improved by single material swaps that keep the count, with
+  the reference yardstick's moves (the least strained solid cells against
+  the empty cells beside the most strained ones, until a pass finds no
+  improving swap); the *hard* answer is the optimum's densities rounded to
+  one decimal.
   A problem whose optimum is degenerate (compliance not finite or above
   :data:`DEGENERATE_COMPLIANCE`), or either of whose answers is not load
   carrying, is dropped.
@@ -266,7 +269,7 @@ class V2Answers:
     """Answers of a batch of candidates (NumPy, batch-first).
 
     Attributes:
-        optimum: (B, n, n) densities of the stiffest SIMP run (L/S cells 1).
+        optimum: (B, n, n) design densities of the stiffest SIMP run (L/S cells 1).
         optimum_compliance: (B,) its compliance at p = 3.
         easy: (B, n, n) 0/1 easy answers (L/S cells 1), ``solid_cells`` each.
         hard: (B, n, n) hard answers: the optimum rounded to one decimal.
@@ -311,8 +314,13 @@ def _analyze(load_case, densities):
 
 
 def _simp_runs(batch: LoadCase, schedules, options: SimpOptions, num_devices, progress):
-    """Physical densities (B, R, n, n) and p = 3 compliance (B, R) of the last stage of
-    each schedule (R = len(schedules)); a non-finite compliance reads inf."""
+    """Design densities (B, R, n, n) and their p = 3 compliance (B, R) at the end of each
+    schedule (R = len(schedules)).
+
+    The designs are the SIMP design variables on the design cells (L/S cells
+    solid), scored as given, unfiltered, as the scorer scores any completion;
+    a non-finite compliance reads inf.
+    """
     nb = batch.batch_shape[0]
     runs: list[Run] = []
     finals: list[int] = []  # the last run of every schedule, sample by sample
@@ -325,9 +333,13 @@ def _simp_runs(batch: LoadCase, schedules, options: SimpOptions, num_devices, pr
             finals.append(parent)
     sim = run_simp_batch(batch, runs, options=options, progress=progress,
                          num_devices=num_devices)
-    dens = np.asarray(sim.densities)[finals].reshape((nb, len(schedules)) + batch.shape)
-    comp = np.asarray(sim.compliance)[finals].reshape(nb, len(schedules))
-    return dens, np.where(np.isfinite(comp), comp, np.inf)
+    owner = np.array([runs[r].sample for r in finals])
+    cases = jax.tree.map(lambda a: np.asarray(a)[owner], batch)
+    design = np.where(cases.design_mask, np.asarray(sim.design)[finals], cases.pinned)
+    res = batch_call(_analyze, cases, design, num_devices=num_devices)
+    comp = np.asarray(res.compliance).reshape(nb, len(schedules))
+    return (design.reshape((nb, len(schedules)) + batch.shape),
+            np.where(np.isfinite(comp), comp, np.inf))
 
 
 def _polish_fn(case, x, mask, *, static):
@@ -367,7 +379,8 @@ def optimise_v2(candidates: Sequence[V2Candidate], options: V2Options = DEFAULT_
 
     Every candidate gets the SIMP runs of ``options.schedules`` (all candidates
     share one slot pool, :func:`sphyr_jax.topopt.optimum.run_simp_batch`); its
-    optimum is the run of lowest p = 3 compliance.  The optimum is binarised
+    optimum is the design field (the SIMP design variables, unfiltered) of
+    lowest p = 3 compliance.  The optimum is binarised
     to ``solid_cells`` cells (:func:`sphyr_jax.topopt.optimum.binarize`: its
     densest design cells) and polished by single material swaps with the
     reference yardstick's moves (:func:`sphyr_jax.topopt.yardstick_polish.polish`:
