@@ -40,9 +40,11 @@ from sphyr_jax.problem.grids import (
 )
 from sphyr_jax.problem.loadcase import (
     LoadCase,
+    direction_words,
     gravity_from_folder,
     index_load_case,
     load_case_from_grid,
+    record_gravity,
     stack_load_cases,
 )
 from sphyr_jax.runtime import enable_compilation_cache, enable_x64, require_x64
@@ -106,6 +108,7 @@ __all__ = [
     "default_solver",
     "dense_stiffness",
     "densities_from_grid",
+    "direction_words",
     "element_stiffness",
     "element_strain_energy",
     "enable_compilation_cache",
@@ -120,6 +123,7 @@ __all__ = [
     "optimize",
     "optimum",
     "optimum_batch",
+    "record_gravity",
     "require_x64",
     "rescore_tree",
     "result_name",

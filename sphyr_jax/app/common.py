@@ -52,6 +52,15 @@ def data_dir(name: str) -> str:
     raise UserInputError(f"no embedded data/{name} folder found; pass it explicitly")
 
 
+def dataset(dim: int = 2) -> str:
+    """``--dataset_dir``, else the embedded set of ``--dataset_version``."""
+    if FLAGS.dataset_dir:
+        return FLAGS.dataset_dir
+    from sphyr_jax.data.datasets import dataset_source
+
+    return dataset_source(FLAGS.dataset_version, dim)
+
+
 def setup() -> None:
     """Process-wide start-up; must run before JAX initialises its backends."""
     from sphyr_jax.runtime import enable_compilation_cache, enable_x64

@@ -33,7 +33,7 @@ from sphyr_jax.problem.grids import (
     extract_grid,
     token_masks,
 )
-from sphyr_jax.problem.loadcase import LoadCase, gravity_from_folder, load_case_from_grid
+from sphyr_jax.problem.loadcase import LoadCase, load_case_from_grid, record_gravity
 
 LOAD_COLOUR = "#d62728"
 SUPPORT_COLOUR = "#1f77b4"
@@ -401,7 +401,7 @@ def _results_figure(path: pathlib.Path, records: list, index: int, cache):
     record = records[index]
     prompt = record.get("prompt")
     input_grid = extract_grid(prompt) if prompt else record.get("input_grid")
-    gravity = record.get("gravity_dir") or gravity_from_folder(path.resolve().parent.name)
+    gravity = record_gravity(record, path.resolve().parent.name)
     case = load_case_from_grid(record["ground_truth"], input_grid, gravity)
     if cache is None or isinstance(cache, (str, os.PathLike)):
         cache = OptimumCache(cache)

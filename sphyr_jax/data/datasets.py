@@ -39,6 +39,7 @@ from typing import Any
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.io import CorruptFileError, read_json, read_jsonl_numbered
 from sphyr_jax.problem.grids import InvalidProblemError, as_grid, check_rectangular, grid_ndim
+from sphyr_jax.problem.loadcase import check_gravity
 
 VARIANTS = (
     "1_random_cell",
@@ -54,6 +55,10 @@ DIFFICULTIES = ("easy", "hard")
 SUBJECT_SUFFIX_3D = "_3d"
 HUB_ID = "philippds/SPhyR"
 HUB_SPLIT = "test"
+DATASET_FOLDERS = {"v1": "dataset", "v2": "dataset_v2", "v2-20": "dataset_v2_20"}
+"""The embedded set of each dataset version: a folder under the repository's ``data/``."""
+DATASET_VERSIONS = tuple(DATASET_FOLDERS)
+REPO_DATA = pathlib.Path(__file__).resolve().parents[2] / "data"
 
 _HUB_PREFIXES = ("hf://", "hub://", "hf:")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -75,6 +80,42 @@ def list_subjects(dim: int = 2) -> list[str]:
         raise ValueError(f"dim must be 2 or 3, got {dim!r}")
     suffix = SUBJECT_SUFFIX_3D if dim == 3 else ""
     return [f"{variant}_{level}{suffix}" for variant in VARIANTS for level in DIFFICULTIES]
+
+
+def dataset_source(version: str = "v1", dim: int = 2, base=None) -> str:
+    """The embedded dataset folder of a version: ``v1``, ``v2`` (10x10) or ``v2-20`` (20x20).
+
+    ``v1`` is ``data/dataset`` (``data/dataset_3d`` for ``dim=3``), ``v2`` is
+    ``data/dataset_v2`` and ``v2-20`` is ``data/dataset_v2_20``.
+
+    Args:
+        version: one of :data:`DATASET_VERSIONS`.
+        dim: 2, or 3 for the voxel set (v1 only).
+        base: the ``data`` folder to look in (default: the repository's, then
+            ``./data``).
+
+    Returns:
+        The folder, for :func:`load_subject`.
+
+    Raises:
+        DatasetError: an unknown version, a voxel set of a v2 version, or a
+            folder that is not there.
+    """
+    if version not in DATASET_FOLDERS:
+        raise DatasetError(f"unknown dataset version {version!r}; versions: "
+                           f"{', '.join(DATASET_VERSIONS)}")
+    name = DATASET_FOLDERS[version]
+    if dim == 3:
+        if version != "v1":
+            raise DatasetError(f"there is no voxel set of dataset version {version!r}")
+        name += SUBJECT_SUFFIX_3D
+    bases = [pathlib.Path(base)] if base is not None else [REPO_DATA, pathlib.Path.cwd() / "data"]
+    for folder in (b / name for b in bases):
+        if folder.is_dir():
+            return str(folder)
+    raise DatasetError(f"no embedded data/{name} folder found for dataset version {version!r}; "
+                       "pass the folder explicitly (data/README.md gives the command that "
+                       "generates it)")
 
 
 def subject_ndim(subject: str) -> int:
@@ -100,14 +141,11 @@ def is_hard(subject: str) -> bool:
 
 
 def _gravity(value, where: str, ndim: int = 2) -> list:
-    if (
-        not isinstance(value, (list, tuple))
-        or len(value) != ndim
-        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-    ):
-        what = "a [row, col] pair" if ndim == 2 else "a [layer, row, col] triple"
-        raise DatasetError(f"{where}: gravity_dir must be {what}, got {value!r}")
-    return [int(v) if float(v).is_integer() else float(v) for v in value]
+    try:
+        checked = check_gravity(value, ndim)
+    except InvalidProblemError as exc:
+        raise DatasetError(f"{where}: {exc}") from exc
+    return [int(v) if v.is_integer() else v for v in checked]
 
 
 def normalise_record(record: Any, where: str, position: int = 0,

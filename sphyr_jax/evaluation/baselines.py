@@ -14,6 +14,9 @@ newline/space text.  The baselines:
   cells copied from the answer of the most similar *other* record of the
   subject, similarity being the number of visible cells on which that answer
   agrees with the input.
+* ``answer`` (opt-in, not among :data:`MODELS`): the dataset answer itself,
+  the ceiling a model can reach (its score is the answer's distance from the
+  yardstick's optimum).
 
 They bracket the scores a real model should beat: empty answers are rarely
 load-carrying, solid ones always are but waste material, a copied input
@@ -40,8 +43,10 @@ from sphyr_jax.problem.grids import (
     grid_to_text,
     parse_number,
 )
+from sphyr_jax.problem.loadcase import direction_words
 
 MODELS = ("empty", "solid", "random", "copy_input")
+ANSWER = "answer"  # opt-in: the dataset answer itself, the ceiling a model can reach
 _DIRECTION_WORDS = {(1, 0): "downwards", (-1, 0): "upwards", (0, -1): "to the left",
                     (0, 1): "to the right"}
 
@@ -65,7 +70,7 @@ def make_prompt(input_grid, hard: bool, gravity_dir=None) -> str:
     direction = "downwards (towards the bottom of the grid)"
     if gravity_dir is not None:
         key = tuple(int(v) for v in gravity_dir)
-        direction = _DIRECTION_WORDS.get(key, f"along the row/column step {list(key)}")
+        direction = _DIRECTION_WORDS.get(key) or direction_words(gravity_dir)
     return (
         "The grid below describes a two-dimensional structure cut into square cells.\n"
         "Legend: L marks a cell where the load acts, S marks a supported (fixed) cell, "
@@ -223,7 +228,8 @@ def baseline_records(model: str, subject: str, records: Sequence[dict], seed: in
             "subject": subject,
             "prompt": make_prompt(record["input_grid"], hard, gravity),
             "ground_truth": grid_to_text(record["ground_truth"]),
-            "completion": grid_to_text(complete(model, record["input_grid"], hard, rng)),
+            "completion": grid_to_text(record["ground_truth"] if model == ANSWER
+                                       else complete(model, record["input_grid"], hard, rng)),
         }
         if gravity is not None:
             row["gravity_dir"] = list(gravity)
@@ -244,7 +250,8 @@ def write_baseline_results(dataset_dir, results_root, seed: int = 0,
             source :func:`sphyr_jax.data.datasets.load_subject` reads).
         results_root: results are written to ``<results_root>/<model>/``.
         seed: seed of the ``random`` baseline (per subject, order-independent).
-        models: baselines to write.
+        models: baselines to write (:data:`MODELS`, and :data:`ANSWER`: the
+            dataset answer as the completion).
 
     Returns:
         The written paths, model by model, subjects in the standard order.
@@ -254,9 +261,9 @@ def write_baseline_results(dataset_dir, results_root, seed: int = 0,
         sphyr_jax.data.datasets.DatasetError: for a malformed subject file.
         OSError: if writing fails; no results file is then changed.
     """
-    unknown = [m for m in models if m not in MODELS]
+    unknown = [m for m in models if m not in MODELS + (ANSWER,)]
     if unknown:
-        raise ValueError(f"unknown baselines {unknown}; choose from {MODELS}")
+        raise ValueError(f"unknown baselines {unknown}; choose from {MODELS + (ANSWER,)}")
     root = pathlib.Path(dataset_dir)
     subjects = [s for s in list_subjects()
                 if (root / f"{s}.jsonl").is_file() or (root / f"{s}.json").is_file()]

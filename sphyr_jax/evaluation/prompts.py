@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.problem.grids import as_grid, grid_to_text
+from sphyr_jax.problem.loadcase import direction_words
 from sphyr_jax.problem.symmetry import turn_records
 
 STYLES = ("default", "physics_enhanced", "physics_neutral", "load_direction")
@@ -81,11 +82,6 @@ _NEUTRAL = (
     "completed grid is the most likely one.\n\n"
 )
 
-_DIRECTION_WORDS = {
-    (1, 0): "straight down", (-1, 0): "straight up", (0, 1): "to the right",
-    (0, -1): "to the left", (1, 1): "down and to the right", (1, -1): "down and to the left",
-    (-1, 1): "up and to the right", (-1, -1): "up and to the left",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,14 +134,6 @@ def is_hard_subject(subject: str) -> bool:
 def fill_rule(subject: str) -> str:
     """The published fill phrase of a subject's format."""
     return FILL_HARD if is_hard_subject(subject) else FILL_EASY
-
-
-def direction_words(gravity_dir) -> str:
-    """Plain words for a (row, col) load direction, e.g. ``(1, 1)`` -> 'down and to the right'."""
-    key = tuple(int(round(float(v))) for v in gravity_dir)
-    if len(key) != 2 or key not in _DIRECTION_WORDS:
-        raise UserInputError(f"no words for load direction {list(gravity_dir)!r}")
-    return _DIRECTION_WORDS[key]
 
 
 def _examples_text(examples: Sequence[dict]) -> str:

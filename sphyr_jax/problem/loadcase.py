@@ -15,7 +15,9 @@ dimension of a load case is the length of its ``gravity``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import numbers
+import pathlib
+from collections.abc import Mapping, Sequence
 
 import equinox as eqx
 import jax
@@ -95,6 +97,98 @@ def gravity_from_folder(name: str) -> tuple[float, float]:
         if key in name:
             return direction
     return DEFAULT_GRAVITY
+
+
+_DIRECTION_WORDS = {
+    (1, 0): "straight down", (-1, 0): "straight up", (0, 1): "to the right",
+    (0, -1): "to the left", (1, 1): "down and to the right", (1, -1): "down and to the left",
+    (-1, 1): "up and to the right", (-1, -1): "up and to the left",
+}
+
+
+def check_gravity(value, ndim: int | None = 2) -> tuple[float, ...]:
+    """A load direction as stored in a record, checked: ``ndim`` finite numbers, not all zero.
+
+    Args:
+        value: a list or tuple (or 1-D array) of numbers, e.g. ``[1, -1]``.
+        ndim: 2 ((row, col)), 3 ((layer, row, col)) or None (either).
+
+    Returns:
+        The numbers as floats (not normalised).
+
+    Raises:
+        InvalidProblemError: for anything else (a string, a ragged or nested
+            list, a boolean or other non-number, NaN or infinity, the wrong
+            length, the zero vector).
+    """
+    sizes = (2, 3) if ndim is None else (ndim,)
+    what = " or ".join({2: "a [row, col] pair", 3: "a [layer, row, col] triple"}[n]
+                       for n in sizes)
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    ok = (isinstance(value, (list, tuple)) and len(value) in sizes
+          and all(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+                  for v in value))
+    if not ok:
+        raise InvalidProblemError(f"gravity_dir must be {what} of numbers, got {value!r}")
+    out = tuple(float(v) for v in value)
+    if not all(math.isfinite(v) for v in out):
+        raise InvalidProblemError(f"gravity_dir must be finite, got {value!r}")
+    if not any(out):
+        raise InvalidProblemError(f"gravity_dir must be non-zero, got {value!r}")
+    return out
+
+
+def record_gravity(record, folder=None, ndim: int | None = 2) -> tuple[float, ...]:
+    """The load direction of a dataset or results record.
+
+    The rule every consumer follows: the record's own ``gravity_dir``; else
+    the direction its results folder's name encodes
+    (:func:`gravity_from_folder`, 2D only); else down.
+
+    Args:
+        record: a mapping (dataset record or results record).
+        folder: optional results folder (a name or a path; its last part is read).
+        ndim: 2 or 3 (grid axes), or None (a stored 2- or 3-vector is taken as
+            it is; without one, the 2D rule applies, whose down also means
+            down on voxel grids, see :func:`unless_2d_default`).
+
+    Returns:
+        The direction as floats, (row, col) or (layer, row, col), not normalised.
+
+    Raises:
+        InvalidProblemError: the record is not a mapping, or its
+            ``gravity_dir`` is malformed (see :func:`check_gravity`).
+    """
+    if not isinstance(record, Mapping):
+        raise InvalidProblemError(f"a record must be a mapping, got {type(record).__name__}")
+    value = record.get("gravity_dir")
+    if value is not None:
+        return check_gravity(value, ndim)
+    if ndim == 3:
+        return DEFAULT_GRAVITY_3D
+    if folder is not None:
+        return gravity_from_folder(pathlib.PurePath(folder).name)
+    return DEFAULT_GRAVITY
+
+
+def direction_words(gravity_dir) -> str:
+    """Plain words for a (row, col) load direction along an axis or a diagonal.
+
+    ``(1, 0)`` -> ``"straight down"``, ``(-1, 1)`` -> ``"up and to the right"``
+    (rows grow downwards, columns to the right); any positive multiple of the
+    eight steps has the same words.
+
+    Raises:
+        InvalidProblemError: a malformed direction, or one that is neither an
+            axis nor a diagonal.
+    """
+    r, c = check_gravity(gravity_dir, 2)
+    if r and c and not math.isclose(abs(r), abs(c), rel_tol=1e-9):
+        raise InvalidProblemError(
+            f"no words for load direction {list(gravity_dir)!r}: only the axes and the "
+            "diagonals have names")
+    return _DIRECTION_WORDS[(int(np.sign(r)), int(np.sign(c)))]
 
 
 def unless_2d_default(gravity_dir, ndim: int):

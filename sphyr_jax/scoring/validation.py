@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from sphyr_jax.problem.grids import as_grid, grid_ndim
-from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY
+from sphyr_jax.problem.loadcase import record_gravity
 from sphyr_jax.scoring.metrics import ScoreItem, score_batch
 from sphyr_jax.sharding import device_count
 from sphyr_jax.topopt.optimum import OptimumCache, cache_for
@@ -137,9 +137,7 @@ def validate_records(records, subject: str, hard: bool | None = None,
     hits0, computed0 = cache.hits, cache.computed
     items, owners = [], []
     for i, rec in enumerate(records):
-        gravity = rec.get("gravity_dir")
-        gravity = None if gravity is None and grid_ndim(rec["ground_truth"]) == 3 else tuple(
-            gravity or DEFAULT_GRAVITY)
+        gravity = record_gravity(rec, ndim=grid_ndim(rec["ground_truth"]))
         probes = probe_completions(rec["ground_truth"], random.Random(i), hard)
         for name in PROBES:
             items.append(ScoreItem(probes[name], rec["ground_truth"], rec.get("input_grid"),

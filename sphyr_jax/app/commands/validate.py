@@ -20,8 +20,7 @@ def main() -> int:
     from sphyr_jax.errors import UserInputError
     from sphyr_jax.scoring.validation import validate_records
 
-    embedded = "dataset_3d" if subject_ndim(FLAGS.subject) == 3 else "dataset"
-    source = FLAGS.dataset_dir or common.data_dir(embedded)
+    source = common.dataset(subject_ndim(FLAGS.subject))
     records = load_subject(source, FLAGS.subject, limit=FLAGS.samples)
     if not records:
         raise UserInputError(f"no records of {FLAGS.subject} in {source}")
