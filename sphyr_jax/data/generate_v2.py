@@ -85,9 +85,9 @@ from sphyr_jax.problem.loadcase import LoadCase, load_case_from_grid, stack_load
 from sphyr_jax.sharding import batch_call
 from sphyr_jax.topopt import yardstick_polish
 from sphyr_jax.topopt.budget import binarize
+from sphyr_jax.topopt.options import ReferenceOptions
 from sphyr_jax.topopt.simp import SimpOptions
 from sphyr_jax.topopt.strong import Run, run_simp_batch
-from sphyr_jax.topopt.options import ReferenceOptions
 
 EDGES = ("top", "bottom", "left", "right")
 LOAD_DIRECTIONS = ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (1, -1), (-1, 1), (-1, -1))
