@@ -31,9 +31,10 @@ suffix is the experiment's (``_<N>_rotations``, ``_few_shot_<K>``,
 and again with its metrics once scored; writes are atomic (a temporary file
 renamed over the old one), coalesced while one is under way, so a process
 killed at any instant loses at most the answers of calls still in flight.  A
-rerun reads the file back, skips every stored prompt, scores stored records
-that have no metrics yet, and asks only what is missing.  A second process
-on the same folder is refused (an advisory lock).
+rerun reads the file back, skips every stored sample (its prompt and answer:
+two samples may share a prompt), scores stored records that have no metrics
+yet, and asks only what is missing.  A second process on the same folder is
+refused (an advisory lock).
 
 The per-sample step is reusable on its own (:func:`run_sample`: prompt ->
 completion with retries -> record; :func:`ask`, :func:`make_record`).
