@@ -151,6 +151,30 @@ def slot_count(n_samples: int, ndim: int = 2) -> int:
     return 2 * n_samples if ndim == 3 else max(4, n_samples)
 
 
+def pool_sizes(n_slots: int, ndim: int = 2) -> tuple[int, ...]:
+    """Slot counts the SIMP pool shrinks through: ``n_slots``, then /4 (at least 4 in 2D,
+    2 on voxel grids).
+
+    Every slot costs a solve per iteration, busy or not, so once the runs left
+    (running or waiting for a parent) fit a smaller pool, the live slots move
+    into one and the stragglers stop paying for finished slots.  A run's
+    arithmetic does not depend on the pool around it (the solves and the
+    optimality-criteria steps are per slot), so its result is the same.
+    """
+    smallest = 4 if ndim == 2 else 2
+    out = [n_slots]
+    while out[-1] // 4 >= smallest:
+        out.append(out[-1] // 4)
+    return tuple(out)
+
+
+def _compact(st: dict, size: int) -> dict:
+    """The pool's state with its live slots first, cut to ``size`` slots."""
+    order = jnp.argsort(st["run"] < 0, stable=True)[:size]
+    slot_keys = ("run", "x", "phys", "its", "u")
+    return {k: (v[order] if k in slot_keys else v) for k, v in st.items()}
+
+
 def _simp_runs(case: LoadCase, seed, active, static):
     """The 8 published designs of every sample, (B, 8, nel).
 
@@ -158,7 +182,8 @@ def _simp_runs(case: LoadCase, seed, active, static):
     p = 3 stages, whose p = 1 stage is the cold p = 1 run; the run from the
     seed) share a pool of :func:`slot_count` slots inside one while loop: a
     slot whose run stops takes the next ready run (chain stages first, as soon
-    as their parent stops), so few slots idle and the chains set the pace.
+    as their parent stops), so few slots idle and the chains set the pace; the
+    pool shrinks (:func:`pool_sizes`) once the runs left fit a smaller one.
 
     Args:
         case: batched load cases (B).
@@ -301,7 +326,17 @@ def _simp_runs(case: LoadCase, seed, active, static):
         "run_its": jnp.zeros((n_runs,), jnp.int32),
         "capped": jnp.zeros((n_runs,), bool),
     })
-    st = jax.lax.while_loop(lambda st: jnp.any(st["status"] != 2), body, state)
+    sizes = pool_sizes(n_slots, case.ndim)
+    st = state
+    for size, smaller in zip(sizes, sizes[1:] + (0,), strict=True):
+        if size < st["run"].shape[0]:
+            st = _compact(st, size)
+
+        def cond(st, smaller=smaller):
+            pending = jnp.sum(st["status"] != 2)  # running or waiting for a slot
+            return (pending > 0) & (pending > smaller)
+
+        st = jax.lax.while_loop(cond, body, st)
     out = st["out"].reshape(len(_KINDS), nb, nel)
     designs = jnp.stack([seed if k < 0 else out[k] for k in _DESIGN_KINDS], axis=1)
     its = jnp.sum(st["run_its"].reshape(len(_KINDS), nb), axis=0)
