@@ -16,7 +16,9 @@ on the bottom row, a 0/1 answer, rows 1 .. N-2 masked), all in the same run:
   other samples ran first), divided by the count;
 * **compliance, batch 64**: ``sj.compliance`` of 64 designs (the answers,
   tiled; the default solver for the size) in one call, warm median, beside an
-  assembly + ``scipy.sparse.linalg.spsolve`` of the same systems one at a time;
+  assembly + ``scipy.sparse.linalg.spsolve`` of the same systems one at a time,
+  and the other 2D method (the banded Cholesky and the multigrid CG, each
+  timed), which measures the crossover the default solver follows;
 * **peak RSS** of the process.
 
 Usage::
@@ -126,6 +128,14 @@ def one_size(n: int, samples: int, reference_samples: int) -> dict:
         jax.block_until_ready(sj.compliance(batch, designs))
         times.append(time.perf_counter() - t0)
     out["compliance_ms_per_solve"] = statistics.median(times) / 64 * 1e3
+    for name in ("banded", "multigrid"):
+        sj.compliance(batch, designs, solver=name)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            jax.block_until_ready(sj.compliance(batch, designs, solver=name))
+            times.append(time.perf_counter() - t0)
+        out[f"{name}_ms_per_solve"] = statistics.median(times) / 64 * 1e3
     grid = structured.get_grid((n, n))
     edofs = structured.element_dofs(grid)
     ke = grid.element.ke.ravel()
@@ -151,8 +161,8 @@ def one_size(n: int, samples: int, reference_samples: int) -> dict:
 def _table(rows: list[dict]) -> str:
     lines = [
         "| N | metric / sample | reference | ratio | score_batch / sample | ratio | "
-        "compliance b64, ms / solve | SciPy | ratio | peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "compliance b64, ms / solve | SciPy | ratio | banded / multigrid | peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ref = r["reference_metric_s"]
@@ -166,6 +176,7 @@ def _table(rows: list[dict]) -> str:
             f"{r['compliance_ms_per_solve']:.2f} ({r['solver']}) | "
             f"{r['scipy_ms_per_solve']:.2f} | "
             f"{r['scipy_ms_per_solve'] / r['compliance_ms_per_solve']:.1f}x | "
+            f"{r['banded_ms_per_solve']:.2f} / {r['multigrid_ms_per_solve']:.2f} | "
             f"{r['peak_rss_mb']:.0f} MB |")
     return "\n".join(lines)
 

@@ -178,6 +178,11 @@ def test_structured_2d_matvec_equals_dense_q4_assembly(rng):
     free = jnp.asarray(case.free_dofs, jnp.float64)[:, None] * jnp.ones(2)
     y = structured.matvec(grid, moduli, free, jnp.asarray(x))
     np.testing.assert_allclose(y, kd @ x, rtol=1e-12, atol=1e-12)
+    # The fused nodal stencil (the 2D multigrid's operator) is the same matrix.
+    lattice = structured.matvec_lattice(grid, moduli, structured.to_lattice(grid, free),
+                                        structured.to_lattice(grid, jnp.asarray(x)), stencil=True)
+    np.testing.assert_allclose(structured.from_lattice(grid, lattice), kd @ x, rtol=1e-12,
+                               atol=1e-12)
     diag = structured.diagonal(grid, moduli, free)
     np.testing.assert_allclose(diag[:, 0], np.diag(kd), rtol=1e-13)
 

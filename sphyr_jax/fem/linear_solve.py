@@ -107,7 +107,7 @@ class Kernels:
         self.grid = grid = st.get_grid(tuple(shape))
         self.solver = solver
         self.ndim = grid.dim
-        chunk = default_chunk(solver)
+        chunk = default_chunk(solver, grid)
 
         def init(moduli, free):
             return chunked(functools.partial(solver.init, grid), chunk, moduli, free)

@@ -47,10 +47,11 @@ V-cycle per iteration:
   model's completion, isolated voxels of a rounding); each island adds six
   near-zero eigenvalues the cycle does not remove, and CG stalls.  A sample
   whose CG has not converged within ``max_iter`` iterations is solved again
-  by a dense Cholesky factorisation of its assembled matrix (one sample at a
-  time, only when some sample failed), on grids of at most
-  ``direct_fallback_dofs`` DOFs; it is then reported converged.  Larger grids
-  report the failure instead.
+  directly (one sample at a time, only when some sample failed): by the
+  banded Cholesky on quadrilateral grids of any size, by a dense Cholesky of
+  its assembled matrix on other grids of at most ``direct_fallback_dofs``
+  DOFs; it is then reported converged.  Larger voxel grids report the
+  failure instead.
 
 Everything is batch-last: element moduli (*cells, B), nodal vectors
 (n_dofs, B) in the flat DOF order of :mod:`sphyr_jax.fem.structured` (lattice
@@ -64,7 +65,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from sphyr_jax.fem import _small, cg
+from sphyr_jax.fem import _banded, _small, cg
 from sphyr_jax.fem import structured as st
 from sphyr_jax.fem.multigrid_levels import (
     coarse_element_matrices,
@@ -137,7 +138,7 @@ def _table_size(dim: int, depth: int) -> int:
 def _level_matvec(levels, data, li, x):
     if li == 0:
         grid = st.get_grid(levels[0].cells)
-        return st.matvec_lattice(grid, data["moduli"], data["free"], x)
+        return st.matvec_lattice(grid, data["moduli"], data["free"], x, stencil=grid.dim == 2)
     grid = st.get_grid(levels[li].cells)
     xe = st.element_values_lattice(grid, x)
     y = st.nodal_accumulate_lattice(grid, st.apply_element_matrices(data["kes"][li - 1], xe))
@@ -176,7 +177,8 @@ def vcycle(levels, options, data, b, li: int = 0):
 
 
 def direct_solve(grid: st.StructuredGrid, moduli, free, rhs):
-    """Dense Cholesky solve of $\\tilde K x = b$ for one sample.
+    """Direct solve of $\\tilde K x = b$ for one sample: the banded Cholesky
+    on quadrilateral grids, a dense Cholesky otherwise.
 
     Args:
         moduli: (*cells,) element moduli; free, rhs: (n_dofs,) flat.
@@ -184,6 +186,10 @@ def direct_solve(grid: st.StructuredGrid, moduli, free, rhs):
     Returns:
         x (n_dofs,).
     """
+    if grid.dim == 2:
+        plan = _banded.get_plan(grid.cells)
+        fac = _banded.factor(plan, _banded.row_band(plan, moduli[..., None], free[:, None]))
+        return _banded.solve(plan, fac, rhs[:, None])[:, 0]
     fe = st.element_values(grid, free[:, None])[..., 0]  # (m, *cells)
     ke = jnp.asarray(grid.element.ke, moduli.dtype)
     kes = ke.reshape(ke.shape + (1,) * moduli.ndim) * (fe[:, None] * fe[None]) * moduli
@@ -218,8 +224,9 @@ def solve(options, moduli, free, rhs, x0=None):
 
     Returns:
         ``(x, converged, iterations)``.  Samples whose CG did not converge are
-        solved directly on small grids (``options.direct_fallback_dofs``) and
-        then count as converged; their ``iterations`` stay at the CG bound.
+        solved directly (2D grids, and voxel grids of at most
+        ``options.direct_fallback_dofs`` DOFs) and then count as converged;
+        their ``iterations`` stay at the CG bound.
     """
     grid = st.get_grid(tuple(moduli.shape[:-1]))
     free = jnp.asarray(free, moduli.dtype)
@@ -232,11 +239,14 @@ def solve(options, moduli, free, rhs, x0=None):
         return vcycle(levels, options, data, r)
 
     x, conv, its = cg.pcg(
-        lambda v: st.matvec_lattice(grid, moduli, free_lat, v), precondition,
+        lambda v: st.matvec_lattice(grid, moduli, free_lat, v, stencil=grid.dim == 2),
+        precondition,
         st.to_lattice(grid, rhs), tol=options.tol, max_iter=options.max_iter,
         x0=None if x0 is None else st.to_lattice(grid, x0))
     x = st.from_lattice(grid, x)
-    if grid.n_dofs <= options.direct_fallback_dofs:
+    fallback = options.direct_fallback_dofs > 0 and (
+        grid.dim == 2 or grid.n_dofs <= options.direct_fallback_dofs)
+    if fallback:
         x = _with_fallback(grid, moduli, free, rhs, x, conv)
         conv = jnp.all(jnp.isfinite(x), axis=0)
     return x, conv, its
