@@ -178,6 +178,11 @@ def test_structured_2d_matvec_equals_dense_q4_assembly(rng):
     free = jnp.asarray(case.free_dofs, jnp.float64)[:, None] * jnp.ones(2)
     y = structured.matvec(grid, moduli, free, jnp.asarray(x))
     np.testing.assert_allclose(y, kd @ x, rtol=1e-12, atol=1e-12)
+    # The fused nodal stencil (the 2D multigrid's operator) is the same matrix.
+    lattice = structured.matvec_lattice(grid, moduli, structured.to_lattice(grid, free),
+                                        structured.to_lattice(grid, jnp.asarray(x)), stencil=True)
+    np.testing.assert_allclose(structured.from_lattice(grid, lattice), kd @ x, rtol=1e-12,
+                               atol=1e-12)
     diag = structured.diagonal(grid, moduli, free)
     np.testing.assert_allclose(diag[:, 0], np.diag(kd), rtol=1e-13)
 
@@ -636,30 +641,35 @@ def test_rescore_tree_with_voxel_and_2d_results(tmp_path, optimum_cache):
     assert out2[0]["load_carrying"] and out2[0]["topology_score"] > 0.0
 
 
-@pytest.mark.parametrize("cells", [(3, 4, 5), (5, 6)])
-def test_galerkin_coarse_operator_equals_the_global_product(rng, cells):
-    """The element-by-element Galerkin matrices of the first coarse level equal
-    $P^T D K D P$ formed globally: the fine operator from matrix-free products on
-    unit vectors, $P$ from prolonging unit coarse vectors, with a random per-DOF
-    free mask (not only whole nodes) and grey moduli."""
-    from sphyr_jax.fem import multigrid_levels as ml
-
+@pytest.mark.parametrize("cells,depth", [((3, 4, 5), 1), ((5, 6), 1), ((5, 7, 6), 2),
+                                         ((9, 6), 2)])
+def test_galerkin_coarse_operator_equals_the_global_product(rng, cells, depth):
+    """The coarse element matrices formed as one product of constant tables with
+    the fine moduli equal $P^T K P$ formed globally: the fine operator from
+    matrix-free products on unit vectors, $P$ from prolonging unit coarse
+    vectors level by level (odd sizes padded), with grey moduli."""
     grid = structured.get_grid(cells)
-    levels = ml.plan(cells, max_coarse_dofs=10**6, levels=1)
-    coarse = structured.get_grid(levels[1].cells)
+    levels = multigrid_levels.plan(cells, max_coarse_dofs=10**6, levels=depth)
+    coarse = structured.get_grid(levels[depth].cells)
     moduli = EMIN + rng.random(cells + (1,))
-    free_lat = (rng.random((grid.dim,) + grid.node_shape + (1,)) > 0.2).astype(float)
-    free = np.asarray(structured.from_lattice(grid, jnp.asarray(free_lat)))[:, 0]
-    eye = np.eye(grid.n_dofs)
-    apply = jax.vmap(lambda v: structured.matvec(grid, jnp.asarray(moduli),
-                                                 jnp.asarray(free[:, None]), v[:, None])[:, 0])
-    fine = np.asarray(apply(jnp.asarray(eye))).T - np.diag(1.0 - free)  # D K D
-    unit = jnp.asarray(np.eye(coarse.n_dofs))
-    prolong = jax.vmap(lambda v: structured.from_lattice(
-        grid, ml.prolong(levels[0], structured.to_lattice(coarse, v))))
-    p = np.asarray(prolong(unit)).T * free[:, None]  # P_0 = D P
+    ones = jnp.ones((grid.n_dofs, 1))
+    apply = jax.vmap(lambda v: structured.matvec(grid, jnp.asarray(moduli), ones,
+                                                 v[:, None])[:, 0])
+    fine = np.asarray(apply(jnp.asarray(np.eye(grid.n_dofs)))).T  # K
+
+    def prolong(v):
+        x = structured.to_lattice(coarse, v)
+        for li in reversed(range(depth)):
+            x = multigrid_levels.prolong(levels[li], x)
+        return structured.from_lattice(grid, x)
+
+    p = np.asarray(jax.vmap(prolong)(jnp.asarray(np.eye(coarse.n_dofs)))).T
     truth = p.T @ fine @ p
-    free_e = structured.element_values_lattice(grid, jnp.asarray(free_lat))
-    kes = ml.fine_coarse_matrices(levels[0], grid.element.ke, jnp.asarray(moduli), free_e)
+    kes = multigrid_levels.galerkin_from_fine(levels, depth, jnp.asarray(moduli))
     got = np.asarray(structured.assemble_dense(coarse, kes))[0]
     np.testing.assert_allclose(got, truth, rtol=1e-12, atol=1e-12 * np.abs(truth).max())
+    if depth == 2:  # the level above's matrices, coarsened once more, give the same
+        kes1 = multigrid_levels.galerkin_from_fine(levels, 1, jnp.asarray(moduli))
+        again = multigrid_levels.coarse_element_matrices(levels[1], kes1)
+        np.testing.assert_allclose(np.asarray(again), np.asarray(kes), rtol=1e-12,
+                                   atol=1e-12 * np.abs(np.asarray(kes)).max())

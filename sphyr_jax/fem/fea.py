@@ -185,10 +185,13 @@ def _kernels(load_case: LoadCase, solver):
     return ls.kernels(load_case.shape, as_solver(solver, load_case.shape))
 
 
-def _solve_impl(load_case, densities, penal, solver, throw=False) -> Solution:
+def _solve_impl(load_case, densities, penal, solver, throw=False, x0=None) -> Solution:
     batch, moduli, force, free, ok, posed, code = _prepare(load_case, densities, penal)
+    if x0 is not None:
+        n = force.shape[0]
+        x0 = jnp.broadcast_to(jnp.asarray(x0, jnp.float64), batch + (n,)).reshape(-1, n).T * free
     u, solver_code, its = ls.linear_solve(_kernels(load_case, solver), moduli, free,
-                                          force * free, reuse_state=True)
+                                          force * free, reuse_state=True, x0=x0)
     c_raw = jnp.sum(force * u, axis=0)
     result = _result(code, solver_code, c_raw)
     n = force.shape[0]
@@ -289,14 +292,19 @@ def _is_traced(tree) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
 
-def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool):
-    """Run one public program; eager batches are flattened and bucketed."""
+def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool, **extra):
+    """Run one public program; eager batches are flattened and bucketed.
+
+    ``extra`` holds optional per-sample arrays (``x0``: (..., n_dofs)), passed
+    through like the densities.
+    """
     require_x64()
     solver = as_solver(solver, load_case.shape)
+    extra = {k: v for k, v in extra.items() if v is not None}
     fn = functools.partial((_JIT_THROW if throw else _JIT)[name], solver=solver,
                            throw=bool(throw))
-    if _is_traced((load_case, densities, penal)):
-        return fn(load_case, densities, penal)
+    if _is_traced((load_case, densities, penal, extra)):
+        return fn(load_case, densities, penal, **extra)
     densities = np.asarray(densities, np.float64)
     penal = np.asarray(penal, np.float64)
     shape = load_case.shape
@@ -304,7 +312,7 @@ def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool)
     batch = np.broadcast_shapes(load_case.batch_shape, densities.shape[:-load_case.ndim],
                                 penal.shape)
     if not batch:
-        return fn(load_case, densities, penal)
+        return fn(load_case, densities, penal, **extra)
     nb = math.prod(batch)
     size = bucket_size(nb)
     idx = np.minimum(np.arange(size), nb - 1)  # pad by repeating the last sample
@@ -315,15 +323,16 @@ def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool)
 
     case = jax.tree.map(lambda a: flat(a, np.shape(a)[len(load_case.batch_shape):]),
                         load_case)
-    out = fn(case, flat(densities, shape), flat(penal, ()))
+    extra = {k: flat(v, np.shape(v)[-1:]) for k, v in extra.items()}
+    out = fn(case, flat(densities, shape), flat(penal, ()), **extra)
     # Unpad on the host: an eager slice would compile once per batch size.
     # (jax.device_put, not jnp.asarray: the latter stages a program per shape.)
     return jax.tree.map(
         lambda a: jax.device_put(np.asarray(a)[:nb].reshape(batch + a.shape[1:])), out)
 
 
-def solve(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False
-          ) -> Solution:
+def solve(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False,
+          x0=None) -> Solution:
     """Solve $K(\\rho) u = f$ for densities with any leading batch axes.
 
     Differentiable in both modes (``jax.grad``, ``jax.jvp``, ``jax.jacfwd``,
@@ -342,11 +351,15 @@ def solve(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = 
             :class:`Multigrid`), its name, or None (:func:`default_solver`).
         throw: raise an error (at run time, also under ``jit``) if any solve
             did not succeed, naming its :class:`RESULTS` code.
+        x0: optional (..., n_dofs) initial guess of the iterative solvers
+            (e.g. the previous displacements of an optimisation loop); the
+            direct solvers ignore it.
 
     Returns:
         A :class:`Solution` with the broadcast batch shape.
     """
-    return _call("solve", load_case, densities, penal, solver, throw)
+    x0 = None if x0 is None else (x0 if _is_traced(x0) else np.asarray(x0, np.float64))
+    return _call("solve", load_case, densities, penal, solver, throw, x0=x0)
 
 
 def compliance(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False

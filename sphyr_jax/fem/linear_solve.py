@@ -96,6 +96,9 @@ class Kernels:
         solver: the solver object.
         init: ``(moduli, free) -> state``, the solver's reusable state.
         compute: ``(state, rhs) -> (x, result, iterations)``.
+        compute_from: ``(state, rhs, x0) -> (x, result, iterations)``, the
+            iterative solvers starting from the guess ``x0`` (the direct ones
+            ignore it).
         init_compute: ``(moduli, free, rhs) -> (x, result, iterations)``, fused
             (no state kept: cheapest when it is used once).
     """
@@ -104,13 +107,16 @@ class Kernels:
         self.grid = grid = st.get_grid(tuple(shape))
         self.solver = solver
         self.ndim = grid.dim
-        chunk = default_chunk(solver)
+        chunk = default_chunk(solver, grid)
 
         def init(moduli, free):
             return chunked(functools.partial(solver.init, grid), chunk, moduli, free)
 
         def compute(state, rhs):
             return chunked(functools.partial(solver.compute, grid), chunk, state, rhs)
+
+        def compute_from(state, rhs, x0):
+            return chunked(functools.partial(solver.compute, grid), chunk, state, rhs, x0)
 
         def fused(moduli, free, rhs):
             return solver.compute(grid, solver.init(grid, moduli, free), rhs)
@@ -120,6 +126,7 @@ class Kernels:
 
         self.init = _batch_last_vmap(init)
         self.compute = _batch_last_vmap(compute)
+        self.compute_from = _batch_last_vmap(compute_from)
         self.init_compute = _batch_last_vmap(init_compute)
 
     def matvec(self, moduli, free, x):
@@ -144,7 +151,7 @@ def _checked(out):
     return jnp.where(result == RESULTS.successful, x, jnp.nan), (result, its)
 
 
-def linear_solve(k: Kernels, moduli, free, rhs, reuse_state: bool = True):
+def linear_solve(k: Kernels, moduli, free, rhs, reuse_state: bool = True, x0=None):
     r"""$x = \tilde K(E)^{-1} b$ behind ``lax.custom_linear_solve``.
 
     JAX derives both differentiation modes from the rule: a tangent is one
@@ -153,20 +160,30 @@ def linear_solve(k: Kernels, moduli, free, rhs, reuse_state: bool = True):
     and the transpose is the same solve ($\tilde K$ is symmetric).  With
     ``reuse_state`` the solver state (a factorisation) is computed once and
     kept for those extra solves; without it every solve starts afresh
-    (cheaper when no derivative of ``x`` is taken).
+    (cheaper when no derivative of ``x`` is taken).  ``x0`` is an initial
+    guess of the iterative solvers (every solve of the rule starts from it;
+    the direct solvers ignore it); the solution and its derivatives do not
+    depend on it beyond the solver's tolerance.
 
     Args:
         k: kernels of the grid shape and solver.
         moduli: (*cells, B) element moduli.
         free: (n, B) free-DOF mask as 0/1 floats.
         rhs: (n, B), zero on fixed DOFs.
+        x0: optional (n, B) initial guess (zero on fixed DOFs).
 
     Returns:
         (x (n, B), result (B,) :class:`RESULTS` codes, iterations (B,)).
     """
     m0 = jax.lax.stop_gradient(moduli)
     free = jax.lax.stop_gradient(free)
-    if reuse_state:
+    if x0 is not None:
+        x0 = jax.lax.stop_gradient(x0)
+        state = k.init(m0, free)
+
+        def solve_fn(_, b):
+            return _checked(k.compute_from(state, b, x0))
+    elif reuse_state:
         state = k.init(m0, free)
 
         def solve_fn(_, b):

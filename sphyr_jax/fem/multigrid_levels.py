@@ -3,10 +3,14 @@
 The static part of :mod:`sphyr_jax.fem.multigrid`: level $l + 1$ halves every
 axis of level $l$ (an odd count is padded with one empty, zero-stiffness cell
 first); prolongation is (bi/tri)linear interpolation on the node lattice
-(static slices, no gathers) and restriction its transpose; coarse operators
-are exact Galerkin products formed element by element.  Fields are lattice
-arrays (d, *nodes, ...), element matrices (m, m, *cells, ...), as in
-:mod:`sphyr_jax.fem.structured`.
+(static slices, no gathers) and restriction its transpose; coarse element
+matrices are Galerkin products $P^T K P$ of the unconstrained stiffness, linear
+in the fine moduli: a level-$l$ element's matrix is $\\sum_f E_f G_f$ over its
+$2^{l d}$ fine descendants $f$ with constant $G_f = P_f^T K_e P_f$, so a level
+is one fused product-sum over the fine moduli (:func:`galerkin_from_fine`);
+deep levels, whose tables of $G_f$ would be large, are formed from the level
+above (:func:`coarse_element_matrices`).  Fields are lattice arrays (d, *nodes, ...),
+element matrices (m, m, *cells, ...), as in :mod:`sphyr_jax.fem.structured`.
 """
 
 from __future__ import annotations
@@ -191,29 +195,65 @@ def coarse_element_matrices(level: Level, kes):
     return total
 
 
-def fine_coarse_matrices(level: Level, ke, moduli, free_e):
-    """First Galerkin level straight from the fine moduli and free mask.
+@functools.lru_cache(maxsize=16)
+def descendant_matrices(dim: int, depth: int) -> np.ndarray:
+    """$G_f = P_f^T K_e P_f$ of every fine descendant $f$ of a level-``depth`` element.
 
-    Args:
-        ke: (m, m) unit element matrix.
-        moduli: (*cells, B) fine moduli.
-        free_e: (m, *cells, B) element values of the free mask.
+    Descendant $f$ (row-major over $\\{0 .. 2^{depth} - 1\\}^d$) is the fine element
+    at offset $f$; its local node $a$ lies at $(f + o_a) / 2^{depth}$ in the
+    coarse element, where coarse node $b$ has the (multi)linear weight
+    $\\prod_i w((f_i + o_{a,i}) / 2^{depth}, o_{b,i})$ (the composition of
+    ``depth`` prolongations), and $P_f$ is those weights times $I_d$.
 
     Returns:
-        (m, m, *coarse cells, B), the element matrices of $P^T D K D P$: child
-        $j$ contributes $P_j^T (E_j\\, d_j d_j^T \\odot K_e) P_j$.
+        (m m, 2^{depth d}) with column $f$ the flattened (m, m) matrix $G_f$.
     """
-    dim = len(level.cells)
-    pj = jnp.asarray(child_interpolation(dim, nodal=True), moduli.dtype)
-    ke = jnp.asarray(ke, moduli.dtype)
-    moduli = _pad_cells(level, moduli, 0)
-    free_e = _pad_cells(level, free_e, 1)
-    ke_b = ke.reshape(ke.shape + (1,) * moduli.ndim)
-    total = None
-    for c, j in enumerate(itertools.product((0, 1), repeat=dim)):
-        e = _child(moduli, j, 0)
-        d = _child(free_e, j, 1)  # (m, *coarse, B)
-        g = ke_b * (d[:, None] * d[None, :]) * e[None, None]
-        part = _galerkin(pj[c], g)
-        total = part if total is None else total + part
-    return total
+    element = st.get_grid((1,) * dim).element
+    offsets, ke = element.node_offsets, element.ke
+    n = 2**depth
+    out = []
+    for f in itertools.product(range(n), repeat=dim):
+        weights = np.ones((len(offsets), len(offsets)))
+        for a, oa in enumerate(offsets):
+            for b, ob in enumerate(offsets):
+                for i in range(dim):
+                    pos = (f[i] + oa[i]) / n
+                    weights[a, b] *= pos if ob[i] == 1 else 1.0 - pos
+        p = np.kron(weights, np.eye(dim))
+        out.append((p.T @ ke @ p).reshape(-1))
+    table = np.stack(out, axis=1)
+    table.setflags(write=False)
+    return table
+
+
+def galerkin_from_fine(levels, depth: int, moduli):
+    """Element matrices of level ``depth``, $\\sum_f E_f G_f$, in one fused pass.
+
+    Written as a product-sum over the descendants (not a matrix product), so
+    each element's sum is taken in the same order whatever the batch size and
+    the surrounding program.
+
+    Args:
+        levels: the plan (finest first).
+        depth: level index (>= 1).
+        moduli: (*cells, B) fine moduli (cells past the grid count as empty).
+
+    Returns:
+        (m, m, *level cells, B): the element matrices of $P^T K P$ with $P$ the
+        composite prolongation from level ``depth`` to the fine grid.
+    """
+    dim = moduli.ndim - 1
+    cells = levels[depth].cells
+    k = 2**depth
+    pad = [(0, c * k - n) for c, n in zip(cells, moduli.shape[:dim], strict=True)] + [(0, 0)]
+    e = jnp.pad(moduli, pad)
+    split = []
+    for c in cells:
+        split += [c, k]
+    e = e.reshape(tuple(split) + moduli.shape[dim:])
+    order = [2 * i + 1 for i in range(dim)] + [2 * i for i in range(dim)] + [2 * dim]
+    e = e.transpose(order).reshape(k**dim, -1)  # (descendants, cells * B)
+    table = jnp.asarray(descendant_matrices(dim, depth), moduli.dtype)
+    m = math.isqrt(table.shape[0])
+    out = jnp.sum(table[:, :, None] * e[None], axis=1)
+    return out.reshape((m, m) + tuple(cells) + moduli.shape[dim:])

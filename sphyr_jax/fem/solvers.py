@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from sphyr_jax.fem import _banded, cg, multigrid
 from sphyr_jax.fem import structured as st
 
+FACTOR_BYTES = 64 << 20  # banded factor memory per chunk on CPU
 
 class RESULTS:
     """Result codes of a solve (int32 per sample), as in lineax.
@@ -88,8 +89,9 @@ class Banded:
 
     Attributes:
         block: columns eliminated per step of the factorisation.
-        chunk: samples per chunk of a large batch (None: 64 on CPU, none
-            elsewhere; 0: never chunk).
+        chunk: samples per chunk of a large batch (None: on CPU as many as keep
+            a chunk's factor within :data:`FACTOR_BYTES`, at most 64 (64 up to
+            20x20, 8 at 60x60), no chunking elsewhere; 0: never chunk).
     """
 
     block: int = 4
@@ -102,6 +104,14 @@ class Banded:
 
     def plan(self, grid: st.StructuredGrid) -> _banded.BandPlan:
         return _banded.get_plan(grid.cells, self.block)
+
+    def cpu_chunk(self, grid: st.StructuredGrid) -> int:
+        """Samples per chunk on CPU: a chunk's factor (n x m doubles per sample)
+        stays within :data:`FACTOR_BYTES`, at most 64 samples (a power of two)."""
+        plan = self.plan(grid)
+        per_sample = 8 * plan.steps * plan.block * plan.window
+        fits = max(1, FACTOR_BYTES // per_sample)
+        return min(64, 1 << (fits.bit_length() - 1))
 
     def init(self, grid, moduli, free):
         plan = self.plan(grid)
@@ -190,7 +200,8 @@ class Multigrid:
             Galerkin element matrices make a coarse sweep cost more memory
             traffic than a fine one.
         direct_fallback_dofs: samples whose CG did not converge are solved
-            by dense Cholesky on grids of at most this many DOFs (0: never).
+            directly: 2D grids of any size (banded Cholesky), voxel grids of
+            at most this many DOFs (dense Cholesky); 0: never.
         chunk: samples per chunk of a large batch (see :class:`Banded`).
     """
 
@@ -253,8 +264,12 @@ def as_solver(solver, shape: tuple[int, ...]) -> Solver:
     return solver
 
 
-def default_chunk(solver: Solver) -> int:
-    """Samples per chunk: 64 on CPU (cache-sized windows), no chunking elsewhere."""
+def default_chunk(solver: Solver, grid: st.StructuredGrid) -> int:
+    """Samples per chunk: the solver's ``chunk``, else on CPU 64 (cache-sized
+    windows; fewer for large banded factors, see :meth:`Banded.cpu_chunk`), and
+    no chunking elsewhere."""
     if solver.chunk is not None:
         return solver.chunk
-    return 64 if jax.default_backend() == "cpu" else 0
+    if jax.default_backend() != "cpu":
+        return 0
+    return solver.cpu_chunk(grid) if isinstance(solver, Banded) else 64

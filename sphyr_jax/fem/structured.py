@@ -176,20 +176,68 @@ def apply_element_matrices(kes: jax.Array, xe: jax.Array) -> jax.Array:
 # Masked operator, lattice layout.
 
 
-def matvec_lattice(grid: StructuredGrid, moduli, free, x):
+def matvec_lattice(grid: StructuredGrid, moduli, free, x, stencil: bool = False):
     """$\\tilde K x$, matrix-free.
 
     Args:
         moduli: (*cells, ...) element moduli $E_e$.
         free: (d, *node_shape, ...) free-DOF mask (0/1 floats).
         x: (d, *node_shape, ...).
+        stencil: evaluate $K x$ as one fused nodal stencil
+            (:func:`_stencil_product`: about 3x faster on quadrilateral grids,
+            slower on voxel grids at small batches) instead of element by
+            element (element vectors, one small matrix product with $K_e$,
+            nodal sums).  Both are the same operator up to rounding.
 
     Returns:
         $\\tilde K x = D K D x + (1 - D) x$, same shape as ``x``.
     """
+    if stencil:
+        return _stencil_product(grid, moduli, x * free) * free + x * (1.0 - free)
     xe = element_values_lattice(grid, x * free)
     ye = apply_ke(grid, xe) * moduli[None]
     return nodal_accumulate_lattice(grid, ye) * free + x * (1.0 - free)
+
+
+def _stencil_product(grid: StructuredGrid, moduli, x):
+    """$K x$ as a nodal stencil: component $k$ at node $n$ is
+    $\\sum_{e \\ni n} E_e \\sum_b (K_e)_{a(n) d + k,\\, b}\\, x_b$, the entries of
+    $K_e$ as constants and every term a shifted view, so XLA fuses the whole
+    product into one loop over the nodes and the batch.
+
+    Args:
+        moduli: (*cells, ...); x: (d, *node_shape, ...) lattice field.
+    """
+    d = grid.dim
+    ke, offsets = grid.element.ke, grid.element.node_offsets
+    rest = ((0, 0),) * (x.ndim - 1 - d)
+    xp = jnp.pad(x, ((0, 0),) + ((1, 1),) * d + rest)
+    ep = jnp.pad(moduli, ((1, 1),) * d + rest)
+    nodes = grid.node_shape
+
+    def shifted_x(comp, shift):  # x_comp at node + shift
+        return xp[(comp,) + tuple(slice(1 + t, 1 + t + n) for t, n in zip(shift, nodes,
+                                                                            strict=True))]
+
+    def element_at(offset):  # modulus of the element whose local node at `offset` is the node
+        return ep[tuple(slice(1 - o, 1 - o + n) for o, n in zip(offset, nodes, strict=True))]
+
+    out = []
+    for k in range(d):
+        total = None
+        for a, oa in enumerate(offsets):
+            inner = None
+            for b, ob in enumerate(offsets):
+                shift = tuple(o - p for o, p in zip(ob, oa, strict=True))
+                for c in range(d):
+                    coef = float(ke[d * a + k, d * b + c])
+                    if coef != 0.0:
+                        term = coef * shifted_x(c, shift)
+                        inner = term if inner is None else inner + term
+            part = element_at(oa) * inner
+            total = part if total is None else total + part
+        out.append(total)
+    return jnp.stack(out)
 
 
 def diagonal_lattice(grid: StructuredGrid, moduli, free):

@@ -1,0 +1,213 @@
+"""How the cost grows with the grid: sphyr_jax beside the reference method and SciPy.
+
+For each side N (default 10, 20, 30, 40, 60), in a fresh process of its own (so
+its peak resident memory is its own), on SPhyR-style full-mask samples of that
+size (``benchmarks/scaling_problems.py``: a load run on the top row, supports
+on the bottom row, a 0/1 answer, rows 1 .. N-2 masked), all in the same run:
+
+* **metric per sample**: ``sj.get_structural_metrics`` of one completion (the
+  answer with two cells flipped) on a new sample in a warm process (its
+  optimum included, a fresh optimum cache), median over ``--samples``; beside
+  the reference method, ``benchmarks/reference_method.py`` (the published
+  recipe in NumPy/SciPy, a sparse assembly and ``spsolve`` per solve), median
+  over ``--reference_samples``;
+* **score_batch per sample**: the same completions of ``--samples`` new samples
+  scored in one ``sj.score_batch`` call (warm: a batch of the same size on
+  other samples ran first), divided by the count;
+* **compliance, batch 64**: ``sj.compliance`` of 64 designs (the answers,
+  tiled; the default solver for the size) in one call, warm median, beside an
+  assembly + ``scipy.sparse.linalg.spsolve`` of the same systems one at a time,
+  and the other 2D method (the banded Cholesky and the multigrid CG, each
+  timed), which measures the crossover the default solver follows;
+* **peak RSS** of the process.
+
+Usage::
+
+    python benchmarks/scaling.py [--sizes 10,20,30,40,60] [--samples 4]
+        [--reference_samples 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+HERE = pathlib.Path(__file__).resolve().parent
+for path in (str(REPO), str(HERE)):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+
+def _flip(answer, input_grid, k: int = 2, seed: int = 0):
+    """The answer with ``k`` masked cells flipped (a plausible completion)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    cells = [(r, c) for r, row in enumerate(input_grid) for c, t in enumerate(row) if t == "V"]
+    out = [list(row) for row in answer]
+    for i in rng.choice(len(cells), size=min(k, len(cells)), replace=False):
+        r, c = cells[i]
+        out[r][c] = "0" if out[r][c] == "1" else "1"
+    return out
+
+
+def one_size(n: int, samples: int, reference_samples: int) -> dict:
+    """All figures of one grid size (run in a fresh process)."""
+    import jax
+    import numpy as np
+    import reference_method
+    import scipy.sparse
+    import scipy.sparse.linalg
+    from scaling_problems import samples as make_samples
+
+    import sphyr_jax as sj
+    from sphyr_jax.fem import structured
+    from sphyr_jax.fem.solvers import default_solver
+
+    sj.enable_x64()
+    records = make_samples(n, 2 * samples + 1)
+    completions = [_flip(r["ground_truth"], r["input_grid"], seed=i)
+                   for i, r in enumerate(records)]
+    items = [sj.ScoreItem(c, r["ground_truth"], r["input_grid"])
+             for c, r in zip(completions, records, strict=True)]
+    out = {"n": n, "solver": default_solver((n, n)).name}
+
+    # Metric per sample: a warm-up sample compiles, then new samples one at a time.
+    t0 = time.perf_counter()
+    sj.get_structural_metrics(items[0].completion, items[0].ground_truth, items[0].input_grid,
+                              cache=sj.OptimumCache())
+    out["metric_first_s"] = time.perf_counter() - t0
+    times, ours = [], []
+    for item in items[1: samples + 1]:
+        t0 = time.perf_counter()
+        m = sj.get_structural_metrics(item.completion, item.ground_truth, item.input_grid,
+                                      cache=sj.OptimumCache())
+        times.append(time.perf_counter() - t0)
+        ours.append(m)
+    out["metric_s"] = statistics.median(times)
+
+    # The reference method, same completions.
+    ref_times, ref = [], []
+    for item, m in zip(items[1: reference_samples + 1], ours, strict=False):
+        case = sj.load_case_from_grid(item.ground_truth, item.input_grid)
+        rho, _ = sj.densities_from_grid(item.completion)
+        rho[np.asarray(case.load_mask | case.support_mask)] = 1.0
+        t0 = time.perf_counter()
+        ref.append(reference_method.score_record(rho, jax.tree.map(np.asarray, case)))
+        ref_times.append(time.perf_counter() - t0)
+        out.setdefault("topology_score_diff", 0.0)
+        out["topology_score_diff"] = max(out["topology_score_diff"],
+                                         abs(ref[-1]["topology_score"] - m.topology_score))
+    out["reference_metric_s"] = statistics.median(ref_times) if ref_times else None
+
+    # score_batch per sample: warm-up on other samples of the same batch size.
+    sj.score_batch(items[samples + 1:], sj.OptimumCache())
+    t0 = time.perf_counter()
+    sj.score_batch(items[1: samples + 1], sj.OptimumCache())
+    out["score_batch_s_per_sample"] = (time.perf_counter() - t0) / samples
+
+    # Batch-64 compliance beside SciPy.
+    cases = [sj.load_case_from_grid(r["ground_truth"], r["input_grid"]) for r in records]
+    rho = np.stack([sj.densities_from_grid(r["ground_truth"])[0] for r in records])
+    idx = np.arange(64) % len(cases)
+    batch = sj.stack_load_cases([cases[i] for i in idx])
+    designs = rho[idx]
+    t0 = time.perf_counter()
+    c = np.asarray(sj.compliance(batch, designs))
+    out["compliance_first_s"] = time.perf_counter() - t0
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(sj.compliance(batch, designs))
+        times.append(time.perf_counter() - t0)
+    out["compliance_ms_per_solve"] = statistics.median(times) / 64 * 1e3
+    for name in ("banded", "multigrid"):
+        sj.compliance(batch, designs, solver=name)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            jax.block_until_ready(sj.compliance(batch, designs, solver=name))
+            times.append(time.perf_counter() - t0)
+        out[f"{name}_ms_per_solve"] = statistics.median(times) / 64 * 1e3
+    grid = structured.get_grid((n, n))
+    edofs = structured.element_dofs(grid)
+    ke = grid.element.ke.ravel()
+    rows = np.repeat(edofs, 8, axis=1).ravel()
+    cols = np.tile(edofs, 8).ravel()
+    times, diff = [], 0.0
+    for i in range(min(8, len(cases))):
+        free = np.flatnonzero(np.asarray(cases[i].free_dofs))
+        force = np.asarray(cases[i].force)
+        t0 = time.perf_counter()
+        e = sj.EMIN + np.clip(rho[i].ravel(), 0, 1) ** 3 * (sj.E0 - sj.EMIN)
+        k = scipy.sparse.coo_matrix(((e[:, None] * ke[None]).ravel(), (rows, cols)),
+                                    shape=(grid.n_dofs,) * 2).tocsc()
+        u = scipy.sparse.linalg.spsolve(k[free][:, free], force[free])
+        times.append(time.perf_counter() - t0)
+        diff = max(diff, abs(float(force[free] @ u) / c[i] - 1))
+    out["scipy_ms_per_solve"] = statistics.median(times) * 1e3
+    out["compliance_max_rel_diff"] = diff
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def _table(rows: list[dict]) -> str:
+    lines = [
+        "| N | metric / sample | reference | ratio | score_batch / sample | ratio | "
+        "compliance b64, ms / solve | SciPy | ratio | banded / multigrid | peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ref = r["reference_metric_s"]
+        metric, batched = r["metric_s"], r["score_batch_s_per_sample"]
+        ref_s = "" if ref is None else f"{ref:.1f} s"
+        ratio = "" if ref is None else f"{ref / metric:.1f}x"
+        ratio_batched = "" if ref is None else f"{ref / batched:.1f}x"
+        lines.append(
+            f"| {r['n']} | {metric:.2f} s | {ref_s} | {ratio} | {batched:.2f} s | "
+            f"{ratio_batched} | "
+            f"{r['compliance_ms_per_solve']:.2f} ({r['solver']}) | "
+            f"{r['scipy_ms_per_solve']:.2f} | "
+            f"{r['scipy_ms_per_solve'] / r['compliance_ms_per_solve']:.1f}x | "
+            f"{r['banded_ms_per_solve']:.2f} / {r['multigrid_ms_per_solve']:.2f} | "
+            f"{r['peak_rss_mb']:.0f} MB |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10,20,30,40,60")
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--reference_samples", type=int, default=2)
+    parser.add_argument("--json", type=pathlib.Path, default=None)
+    parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one is not None:
+        print(json.dumps(one_size(args.one, args.samples, args.reference_samples)))
+        return 0
+    rows = []
+    for n in (int(v) for v in args.sizes.split(",")):
+        proc = subprocess.run([sys.executable, __file__, "--one", str(n), "--samples",
+                               str(args.samples), "--reference_samples",
+                               str(args.reference_samples)],
+                              capture_output=True, text=True, cwd=REPO)
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            return 1
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    print(_table(rows))
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
