@@ -1,5 +1,6 @@
 """Shared test configuration: float64 on, seeded keys, reference data paths."""
 
+import gc
 import json
 import os
 import pathlib
@@ -71,6 +72,31 @@ def assert_close_scaled(actual, desired, rtol: float) -> None:
     np.testing.assert_allclose(np.asarray(actual), desired, rtol=rtol, atol=rtol * scale)
 
 
+# Every compiled XLA CPU program maps a few memory regions into the process;
+# a whole suite in one process loads thousands of programs, and past the
+# kernel's limit on mappings (vm.max_map_count, 65,530 by default) loading the
+# next one aborts the interpreter.  Past MAP_BUDGET mappings the compiled
+# programs are released between test modules (JAX's caches reload them from
+# the persistent compilation cache when a later module needs them again).
+MAP_BUDGET = 20_000
+
+
+def _mapping_count() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:  # not Linux: no such limit to watch
+        return 0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    yield
+    if _mapping_count() > MAP_BUDGET:
+        jax.clear_caches()
+        gc.collect()
+
+
 @pytest.fixture
 def key():
     """A seeded PRNG key."""
@@ -116,6 +142,24 @@ _REPORTS: list[str] = []
 def report(line: str) -> None:
     """Record a measured figure for pytest's closing summary."""
     _REPORTS.append(line)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (the project's default): one worker per core, at most four
+    (each worker holds its own compiled programs, about 3 GB at the end)."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: hand the figures to the controller
+        workeroutput["sphyr_jax_figures"] = list(_REPORTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _REPORTS.extend(getattr(node, "workeroutput", {}).get("sphyr_jax_figures", []))
 
 
 def pytest_terminal_summary(terminalreporter):

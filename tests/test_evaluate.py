@@ -291,8 +291,8 @@ def test_app_flagfile_template_and_errors(data, optima, tmp_path, monkeypatch, c
 
     for argv, message in (
             (["--results_root=x"], "evaluate needs --model"),
-            (["--model=m", "--results_root=x", "--dataset_version=v2-20"],
-             "the embedded set data/dataset_v2_20 is not in this checkout"),
+            (["--model=baseline:solid", "--results_root=x",
+              f"--dataset_dir={tmp_path / 'nowhere'}"], "no such local dataset"),
             (["--model=baseline:solid", "--results_root=x", f"--replay_from={tmp_path}",
               "--rotations=2"], "replayed runs use their stored prompts"),
             (["--model=baseline:nope", "--results_root=x"], "unknown baseline")):

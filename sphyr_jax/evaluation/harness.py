@@ -687,7 +687,7 @@ class _Run:
                         with contextlib.suppress(CorruptFileError):
                             existing = read_json(st.aggregated_path)
                     agg = aggregate(st.records(), existing if isinstance(existing, dict) else None,
-                                    optimum=getattr(self.cache, "optimum", None))
+                                    optimum=getattr(self.cache, "yardstick", None))
                 jobs.append((st, st.version, st.text(), agg))
         return jobs
 
