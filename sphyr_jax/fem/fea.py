@@ -240,21 +240,28 @@ class Analysis(eqx.Module):
         return self.result == RESULTS.successful
 
 
-def _analyze_impl(load_case, densities, penal, solver, throw=False) -> Analysis:
+def _analyze_impl(load_case, densities, penal, solver, throw=False,
+                  solid_compliance=None) -> Analysis:
     densities = jnp.asarray(densities, dtype=jnp.float64)
     batch, moduli, force, free, ok, posed, code = _prepare(load_case, densities, penal)
     nb = force.shape[1]
-    # The design and the solid grid in one batched solve (one factorisation kernel).
-    solid_moduli = simp_moduli(jnp.ones_like(moduli), jnp.broadcast_to(
-        jnp.asarray(penal, jnp.float64), batch).reshape(-1))
-    u, solver_code, _ = ls.linear_solve(
-        _kernels(load_case, solver), jnp.concatenate([moduli, solid_moduli], axis=-1),
-        jnp.concatenate([free, free], axis=-1), jnp.concatenate([force * free] * 2, axis=-1),
-        reuse_state=False)
-    c_both = jnp.sum(jnp.concatenate([force] * 2, axis=-1) * u, axis=0)
+    if solid_compliance is None:
+        # The design and the solid grid in one batched solve (one factorisation kernel).
+        solid_moduli = simp_moduli(jnp.ones_like(moduli), jnp.broadcast_to(
+            jnp.asarray(penal, jnp.float64), batch).reshape(-1))
+        moduli = jnp.concatenate([moduli, solid_moduli], axis=-1)
+        free2, force2 = jnp.concatenate([free, free], axis=-1), jnp.concatenate([force] * 2, -1)
+    else:
+        free2, force2 = free, force
+    u, solver_code, _ = ls.linear_solve(_kernels(load_case, solver), moduli, free2,
+                                        force2 * free2, reuse_state=False)
+    c_both = jnp.sum(force2 * u, axis=0)
     compliance_ = _finalise(c_both[:nb], ok).reshape(batch)
     result = _result(code, solver_code[:nb], c_both[:nb]).reshape(batch)
-    solid = _finalise(c_both[nb:], posed).reshape(batch)
+    if solid_compliance is None:
+        solid = _finalise(c_both[nb:], posed).reshape(batch)
+    else:  # given per sample, shape batch + (1,)
+        solid = jnp.broadcast_to(jnp.asarray(solid_compliance, jnp.float64)[..., 0], batch)
     u = u[:, :nb].T.reshape(batch + (-1, load_case.ndim))
     max_disp = jnp.max(jnp.sqrt(jnp.sum(u * u, axis=-1)), axis=-1)
     carrying = (
@@ -379,14 +386,25 @@ def compliance(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bo
     return _call("compliance", load_case, densities, penal, solver, throw)
 
 
-def analyze(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False
-            ) -> Analysis:
+def analyze(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False,
+            solid_compliance=None) -> Analysis:
     """Solve a design and report its structural response.
 
     Densities are used as given (callers set L/S cells solid; see
     :func:`sphyr_jax.scoring.metrics.get_structural_metrics`).
+
+    Args:
+        solid_compliance: optional (...) compliance of the all-solid grid of
+            each sample (it depends on the load case only, so callers scoring
+            many designs of one sample pass the value of an earlier analysis);
+            None: solved here, beside the design.
     """
-    return _call("analyze", load_case, densities, penal, solver, throw)
+    if solid_compliance is not None:
+        solid_compliance = (jnp.asarray(solid_compliance, jnp.float64)[..., None]
+                            if _is_traced(solid_compliance)
+                            else np.asarray(solid_compliance, np.float64)[..., None])
+    return _call("analyze", load_case, densities, penal, solver, throw,
+                 solid_compliance=solid_compliance)
 
 
 @jax.jit

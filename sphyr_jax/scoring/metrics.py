@@ -142,23 +142,27 @@ def _clipped(reference: float, actual: float) -> float:
     return float(min(max(reference / actual, 0.0), 1.0))
 
 
-def _analyze_fn(load_case, densities):
-    return fea.analyze(load_case, densities)
+def _analyze_fn(load_case, densities, solid=None):
+    return fea.analyze(load_case, densities, solid_compliance=solid)
 
 
-def analyze_batch(load_case: LoadCase, densities, num_devices: int | None = None):
+def analyze_batch(load_case: LoadCase, densities, num_devices: int | None = None,
+                  solid_compliance=None):
     """:func:`sphyr_jax.fem.fea.analyze` of a batch, split over devices (NumPy out).
 
     The batch is padded to its bucket here, in NumPy, and the padding cut off
     the NumPy results (slicing the devices' sharded outputs one by one costs
-    more than the analysis of a thousand designs).
+    more than the analysis of a thousand designs).  ``solid_compliance`` (B,),
+    when known, spares the all-solid solves.
     """
     densities = np.asarray(densities, np.float64)
     nb = densities.shape[0]
     ndev = max(1, min(device_count(num_devices), nb))
     take = np.arange(bucket_size(nb, ndev)) % nb  # padding repeats real entries
-    res = batch_call(_analyze_fn, jax.tree.map(lambda a: np.asarray(a)[take], load_case),
-                     densities[take], num_devices=ndev)
+    args = [jax.tree.map(lambda a: np.asarray(a)[take], load_case), densities[take]]
+    if solid_compliance is not None:
+        args.append(np.asarray(solid_compliance, np.float64)[take])
+    res = batch_call(_analyze_fn, *args, num_devices=ndev)
     return jax.tree.map(lambda a: np.asarray(a)[:nb], res)
 
 
@@ -363,13 +367,25 @@ def score_batch(
                                            len(first)) for i in idx])
         unique = np.unique(which, return_index=True)[1]  # first item of each design
         n = len(unique)
-        # Completions and dataset answers in one batched call.
-        both = analyze_batch(
-            jax.tree.map(lambda a, own=owner[unique]: np.concatenate([a[own], a]), stacked),
-            np.stack([prepared[idx[j]].out_rho for j in unique] + [s.gt_rho for s in distinct]),
-            num_devices)
-        out = jax.tree.map(lambda a, n=n, which=which: a[:n][which], both)
-        gt = jax.tree.map(lambda a, n=n, owner=owner: a[n:][owner], both)
+        designs = np.stack([prepared[idx[j]].out_rho for j in unique])
+        answers = np.stack([s.gt_rho for s in distinct])
+        if n <= 2 * len(distinct):
+            # Completions and dataset answers in one batched call (each with its
+            # all-solid grid).
+            both = analyze_batch(
+                jax.tree.map(lambda a, own=owner[unique]: np.concatenate([a[own], a]), stacked),
+                np.concatenate([designs, answers]), num_devices)
+            out = jax.tree.map(lambda a, n=n, which=which: a[:n][which], both)
+            gt_distinct = jax.tree.map(lambda a, n=n: a[n:], both)
+        else:
+            # Many designs per sample (a GRPO group): the all-solid grid, which
+            # depends on the sample only, is solved once, with its answer.
+            gt_distinct = analyze_batch(stacked, answers, num_devices)
+            rows = owner[unique]
+            out = analyze_batch(jax.tree.map(lambda a, rows=rows: a[rows], stacked), designs,
+                                num_devices, solid_compliance=gt_distinct.solid_compliance[rows])
+            out = jax.tree.map(lambda a, which=which: a[which], out)
+        gt = jax.tree.map(lambda a, owner=owner: a[owner], gt_distinct)
         if progress is not None:
             progress("analysis", len(idx), len(idx))
         optima = cache.get_many(cases, [s.gt_rho for s in distinct], progress=progress)
