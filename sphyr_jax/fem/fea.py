@@ -260,8 +260,8 @@ def _analyze_impl(load_case, densities, penal, solver, throw=False,
     result = _result(code, solver_code[:nb], c_both[:nb]).reshape(batch)
     if solid_compliance is None:
         solid = _finalise(c_both[nb:], posed).reshape(batch)
-    else:  # given per sample, shape batch + (1,)
-        solid = jnp.broadcast_to(jnp.asarray(solid_compliance, jnp.float64)[..., 0], batch)
+    else:
+        solid = jnp.broadcast_to(jnp.asarray(solid_compliance, jnp.float64), batch)
     u = u[:, :nb].T.reshape(batch + (-1, load_case.ndim))
     max_disp = jnp.max(jnp.sqrt(jnp.sum(u * u, axis=-1)), axis=-1)
     carrying = (
@@ -299,15 +299,20 @@ def _is_traced(tree) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
 
+# Optional per-sample inputs of the programs: the rank of one sample's entry.
+_EXTRA_RANK = {"x0": 1, "solid_compliance": 0}
+
+
 def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool, **extra):
     """Run one public program; eager batches are flattened and bucketed.
 
-    ``extra`` holds optional per-sample arrays (``x0``: (..., n_dofs)), passed
-    through like the densities.
+    ``extra`` holds optional per-sample arrays (:data:`_EXTRA_RANK`: ``x0``
+    (..., n_dofs), ``solid_compliance`` (...)), passed through like the densities.
     """
     require_x64()
     solver = as_solver(solver, load_case.shape)
-    extra = {k: v for k, v in extra.items() if v is not None}
+    extra = {k: v if _is_traced(v) else np.asarray(v, np.float64)
+             for k, v in extra.items() if v is not None}
     fn = functools.partial((_JIT_THROW if throw else _JIT)[name], solver=solver,
                            throw=bool(throw))
     if _is_traced((load_case, densities, penal, extra)):
@@ -330,7 +335,7 @@ def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool,
 
     case = jax.tree.map(lambda a: flat(a, np.shape(a)[len(load_case.batch_shape):]),
                         load_case)
-    extra = {k: flat(v, np.shape(v)[-1:]) for k, v in extra.items()}
+    extra = {k: flat(v, np.shape(v)[np.ndim(v) - _EXTRA_RANK[k]:]) for k, v in extra.items()}
     out = fn(case, flat(densities, shape), flat(penal, ()), **extra)
     # Unpad on the host: an eager slice would compile once per batch size.
     # (jax.device_put, not jnp.asarray: the latter stages a program per shape.)
@@ -365,7 +370,6 @@ def solve(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = 
     Returns:
         A :class:`Solution` with the broadcast batch shape.
     """
-    x0 = None if x0 is None else (x0 if _is_traced(x0) else np.asarray(x0, np.float64))
     return _call("solve", load_case, densities, penal, solver, throw, x0=x0)
 
 
@@ -399,10 +403,6 @@ def analyze(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool 
             many designs of one sample pass the value of an earlier analysis);
             None: solved here, beside the design.
     """
-    if solid_compliance is not None:
-        solid_compliance = (jnp.asarray(solid_compliance, jnp.float64)[..., None]
-                            if _is_traced(solid_compliance)
-                            else np.asarray(solid_compliance, np.float64)[..., None])
     return _call("analyze", load_case, densities, penal, solver, throw,
                  solid_compliance=solid_compliance)
 

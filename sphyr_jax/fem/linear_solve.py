@@ -177,17 +177,13 @@ def linear_solve(k: Kernels, moduli, free, rhs, reuse_state: bool = True, x0=Non
     """
     m0 = jax.lax.stop_gradient(moduli)
     free = jax.lax.stop_gradient(free)
-    if x0 is not None:
-        x0 = jax.lax.stop_gradient(x0)
+    if x0 is not None or reuse_state:
         state = k.init(m0, free)
+        guess = () if x0 is None else (jax.lax.stop_gradient(x0),)
+        compute = k.compute if x0 is None else k.compute_from
 
         def solve_fn(_, b):
-            return _checked(k.compute_from(state, b, x0))
-    elif reuse_state:
-        state = k.init(m0, free)
-
-        def solve_fn(_, b):
-            return _checked(k.compute(state, b))
+            return _checked(compute(state, b, *guess))
     else:
 
         def solve_fn(_, b):

@@ -70,31 +70,32 @@ def plan(cells: tuple[int, ...], max_coarse_dofs: int = 100,
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=8)
-def child_interpolation(dim: int, nodal: bool = False) -> np.ndarray:
-    """$P_j$ for every child $j$: (2^d, d 2^d, d 2^d), fine-local DOF x coarse-local DOF.
+@functools.lru_cache(maxsize=16)
+def descendant_weights(dim: int, depth: int = 1) -> np.ndarray:
+    """Nodal interpolation weights $S_f$ of every fine descendant $f$ of a
+    level-``depth`` element: (2^{depth d}, 2^d, 2^d), fine-local node x coarse-local node.
 
-    With ``nodal=True`` the nodal weights $S_j$ (2^d, 2^d, 2^d), $P_j = S_j \\otimes I_d$.
-
-    Child $j$ (row-major over $\\{0, 1\\}^d$) of a coarse element is the fine
-    element at offset $j$; its local node $a$ lies at $(j + o_a) / 2$ in the
-    coarse element, where coarse node $b$ has (multi)linear weight
-    $\\prod_i w((j_i + o_{a,i}) / 2, o_{b,i})$.
+    Descendant $f$ (row-major over $\\{0 .. 2^{depth} - 1\\}^d$) is the fine element
+    at offset $f$; its local node $a$ lies at $(f + o_a) / 2^{depth}$ in the
+    coarse element, where coarse node $b$ has the (multi)linear weight
+    $\\prod_i w((f_i + o_{a,i}) / 2^{depth}, o_{b,i})$ (the composition of
+    ``depth`` prolongations).  The DOF interpolation is $P_f = S_f \\otimes I_d$;
+    ``depth=1`` gives the $2^d$ children.
     """
     offsets = st.get_grid((1,) * dim).element.node_offsets
-    n = len(offsets)
+    n = 2**depth
     out = []
-    for j in itertools.product((0, 1), repeat=dim):
-        s = np.zeros((n, n))
+    for f in itertools.product(range(n), repeat=dim):
+        s = np.ones((len(offsets), len(offsets)))
         for a, oa in enumerate(offsets):
             for b, ob in enumerate(offsets):
-                w = 1.0
                 for i in range(dim):
-                    pos = (j[i] + oa[i]) / 2.0
-                    w *= pos if ob[i] == 1 else 1.0 - pos
-                s[a, b] = w
-        out.append(s if nodal else np.kron(s, np.eye(dim)))
-    return np.stack(out)
+                    pos = (f[i] + oa[i]) / n
+                    s[a, b] *= pos if ob[i] == 1 else 1.0 - pos
+        out.append(s)
+    table = np.stack(out)
+    table.setflags(write=False)
+    return table
 
 
 # ----------------------------------------------------------------------------
@@ -186,7 +187,7 @@ def coarse_element_matrices(level: Level, kes):
         (m, m, *coarse cells, B) with $K_C = \\sum_j P_j^T K^{(2C + j)} P_j$.
     """
     dim = len(level.cells)
-    pj = jnp.asarray(child_interpolation(dim, nodal=True), kes.dtype)
+    pj = jnp.asarray(descendant_weights(dim), kes.dtype)
     kes = _pad_cells(level, kes, 2)
     total = None
     for c, j in enumerate(itertools.product((0, 1), repeat=dim)):
@@ -197,31 +198,16 @@ def coarse_element_matrices(level: Level, kes):
 
 @functools.lru_cache(maxsize=16)
 def descendant_matrices(dim: int, depth: int) -> np.ndarray:
-    """$G_f = P_f^T K_e P_f$ of every fine descendant $f$ of a level-``depth`` element.
-
-    Descendant $f$ (row-major over $\\{0 .. 2^{depth} - 1\\}^d$) is the fine element
-    at offset $f$; its local node $a$ lies at $(f + o_a) / 2^{depth}$ in the
-    coarse element, where coarse node $b$ has the (multi)linear weight
-    $\\prod_i w((f_i + o_{a,i}) / 2^{depth}, o_{b,i})$ (the composition of
-    ``depth`` prolongations), and $P_f$ is those weights times $I_d$.
+    """$G_f = P_f^T K_e P_f$ of every fine descendant $f$ of a level-``depth``
+    element ($P_f$ from :func:`descendant_weights`).
 
     Returns:
         (m m, 2^{depth d}) with column $f$ the flattened (m, m) matrix $G_f$.
     """
-    element = st.get_grid((1,) * dim).element
-    offsets, ke = element.node_offsets, element.ke
-    n = 2**depth
-    out = []
-    for f in itertools.product(range(n), repeat=dim):
-        weights = np.ones((len(offsets), len(offsets)))
-        for a, oa in enumerate(offsets):
-            for b, ob in enumerate(offsets):
-                for i in range(dim):
-                    pos = (f[i] + oa[i]) / n
-                    weights[a, b] *= pos if ob[i] == 1 else 1.0 - pos
-        p = np.kron(weights, np.eye(dim))
-        out.append((p.T @ ke @ p).reshape(-1))
-    table = np.stack(out, axis=1)
+    ke = st.get_grid((1,) * dim).element.ke
+    eye = np.eye(dim)
+    table = np.stack([(np.kron(s, eye).T @ ke @ np.kron(s, eye)).reshape(-1)
+                      for s in descendant_weights(dim, depth)], axis=1)
     table.setflags(write=False)
     return table
 

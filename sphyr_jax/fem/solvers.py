@@ -39,6 +39,7 @@ from sphyr_jax.fem import structured as st
 
 FACTOR_BYTES = 64 << 20  # banded factor memory per chunk on CPU
 
+
 class RESULTS:
     """Result codes of a solve (int32 per sample), as in lineax.
 
