@@ -185,13 +185,14 @@ def _kernels(load_case: LoadCase, solver):
     return ls.kernels(load_case.shape, as_solver(solver, load_case.shape))
 
 
-def _solve_impl(load_case, densities, penal, solver, throw=False, x0=None) -> Solution:
+def _solve_impl(load_case, densities, penal, solver, throw=False, x0=None,
+                keep_factor=True) -> Solution:
     batch, moduli, force, free, ok, posed, code = _prepare(load_case, densities, penal)
     if x0 is not None:
         n = force.shape[0]
         x0 = jnp.broadcast_to(jnp.asarray(x0, jnp.float64), batch + (n,)).reshape(-1, n).T * free
     u, solver_code, its = ls.linear_solve(_kernels(load_case, solver), moduli, free,
-                                          force * free, reuse_state=True, x0=x0)
+                                          force * free, reuse_state=keep_factor, x0=x0)
     c_raw = jnp.sum(force * u, axis=0)
     result = _result(code, solver_code, c_raw)
     n = force.shape[0]
@@ -290,7 +291,9 @@ def _analyze_impl(load_case, densities, penal, solver, throw=False,
 # program is simply inlined.
 
 _IMPLS = {"solve": _solve_impl, "compliance": _compliance_impl, "analyze": _analyze_impl}
-_JIT = {name: jax.jit(fn, static_argnames=("solver", "throw")) for name, fn in _IMPLS.items()}
+_JIT = {name: jax.jit(fn, static_argnames=("solver", "throw")
+                      + (("keep_factor",) if name == "solve" else ()))
+        for name, fn in _IMPLS.items()}
 # With throw=True: equinox's filter_jit, which reports a failed check as a readable error.
 _JIT_THROW = {name: eqx.filter_jit(fn) for name, fn in _IMPLS.items()}
 
@@ -303,7 +306,8 @@ def _is_traced(tree) -> bool:
 _EXTRA_RANK = {"x0": 1, "solid_compliance": 0}
 
 
-def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool, **extra):
+def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool,
+          static=None, **extra):
     """Run one public program; eager batches are flattened and bucketed.
 
     ``extra`` holds optional per-sample arrays (:data:`_EXTRA_RANK`: ``x0``
@@ -314,7 +318,7 @@ def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool,
     extra = {k: v if _is_traced(v) else np.asarray(v, np.float64)
              for k, v in extra.items() if v is not None}
     fn = functools.partial((_JIT_THROW if throw else _JIT)[name], solver=solver,
-                           throw=bool(throw))
+                           throw=bool(throw), **(static or {}))
     if _is_traced((load_case, densities, penal, extra)):
         return fn(load_case, densities, penal, **extra)
     densities = np.asarray(densities, np.float64)
@@ -344,7 +348,7 @@ def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool,
 
 
 def solve(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False,
-          x0=None) -> Solution:
+          x0=None, keep_factor: bool = True) -> Solution:
     """Solve $K(\\rho) u = f$ for densities with any leading batch axes.
 
     Differentiable in both modes (``jax.grad``, ``jax.jvp``, ``jax.jacfwd``,
@@ -366,11 +370,16 @@ def solve(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = 
         x0: optional (..., n_dofs) initial guess of the iterative solvers
             (e.g. the previous displacements of an optimisation loop); the
             direct solvers ignore it.
+        keep_factor: keep the solver's factorisation for the extra solves of
+            derivatives (the default); False factors and solves in one step
+            and keeps nothing, cheaper when no derivative of the displacements
+            is taken (derivatives stay exact: each one factors again).
 
     Returns:
         A :class:`Solution` with the broadcast batch shape.
     """
-    return _call("solve", load_case, densities, penal, solver, throw, x0=x0)
+    return _call("solve", load_case, densities, penal, solver, throw,
+                 static={"keep_factor": bool(keep_factor)}, x0=x0)
 
 
 def compliance(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False

@@ -119,6 +119,8 @@ class Kernels:
             return chunked(functools.partial(solver.compute, grid), chunk, state, rhs, x0)
 
         def fused(moduli, free, rhs):
+            if hasattr(solver, "init_compute"):
+                return solver.init_compute(grid, moduli, free, rhs)
             return solver.compute(grid, solver.init(grid, moduli, free), rhs)
 
         def init_compute(moduli, free, rhs):

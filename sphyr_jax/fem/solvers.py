@@ -14,7 +14,8 @@ only its own options and two methods:
 Methods:
 
 * :class:`Banded`: exact banded Cholesky (2D grids; $O(n b^2)$ with the
-  half-bandwidth $b \approx 2 n_{elx}$).
+  half-bandwidth $b \approx 2 n_{elx}$): LAPACK's on the host in CPU
+  programs from :data:`LAPACK_MIN_DOFS` DOFs, XLA loops elsewhere.
 * :class:`Dense`: dense Cholesky, the simplest exact method (small 2D grids).
 * :class:`CG`: Jacobi-preconditioned conjugate gradients, any dimension.
 * :class:`Multigrid`: conjugate gradients preconditioned by one geometric
@@ -34,10 +35,11 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from sphyr_jax.fem import _banded, cg, multigrid
+from sphyr_jax.fem import _banded, _lapack, cg, multigrid
 from sphyr_jax.fem import structured as st
 
 FACTOR_BYTES = 64 << 20  # banded factor memory per chunk on CPU
+LAPACK_MIN_DOFS = 300  # 2D systems from this many DOFs (12x12) are factored by LAPACK on a CPU
 
 
 class RESULTS:
@@ -86,17 +88,24 @@ def _iterative_result(x, converged):
 
 @dataclasses.dataclass(frozen=True)
 class Banded:
-    """Banded Cholesky factorisation (:mod:`sphyr_jax.fem._banded`), 2D grids.
+    """Banded Cholesky factorisation, 2D grids.
+
+    Two implementations of the same factorisation: LAPACK's blocked ``dpbtrf``
+    on the host (:mod:`sphyr_jax.fem._lapack`, CPU programs only) and a
+    batch-last XLA loop (:mod:`sphyr_jax.fem._banded`, any device).
 
     Attributes:
-        block: columns eliminated per step of the factorisation.
+        block: columns eliminated per step of the XLA factorisation.
         chunk: samples per chunk of a large batch (None: on CPU as many as keep
             a chunk's factor within :data:`FACTOR_BYTES`, at most 64 (64 up to
             20x20, 8 at 60x60), no chunking elsewhere; 0: never chunk).
+        lapack: use LAPACK on the host (None: on a CPU from
+            :data:`LAPACK_MIN_DOFS` DOFs, the measured crossover).
     """
 
     block: int = 4
     chunk: int | None = None
+    lapack: bool | None = None
     name: ClassVar[str] = "banded"
 
     def check(self, grid: st.StructuredGrid) -> None:
@@ -106,25 +115,59 @@ class Banded:
     def plan(self, grid: st.StructuredGrid) -> _banded.BandPlan:
         return _banded.get_plan(grid.cells, self.block)
 
+    def uses_lapack(self, grid: st.StructuredGrid) -> bool:
+        """Whether this grid's systems are factored by LAPACK on the host."""
+        if self.lapack is not None:
+            return self.lapack
+        return jax.default_backend() == "cpu" and grid.n_dofs >= LAPACK_MIN_DOFS
+
     def cpu_chunk(self, grid: st.StructuredGrid) -> int:
-        """Samples per chunk on CPU: a chunk's factor (n x m doubles per sample)
-        stays within :data:`FACTOR_BYTES`, at most 64 samples (a power of two)."""
+        """Samples per chunk on CPU: a chunk's factor stays within
+        :data:`FACTOR_BYTES`, at most 64 samples (a power of two)."""
         plan = self.plan(grid)
-        per_sample = 8 * plan.steps * plan.block * plan.window
+        if self.uses_lapack(grid):
+            per_sample = 8 * plan.n_dofs * (plan.half_bandwidth + 1)
+        else:
+            per_sample = 8 * plan.steps * plan.block * plan.window
         fits = max(1, FACTOR_BYTES // per_sample)
         return min(64, 1 << (fits.bit_length() - 1))
 
     def init(self, grid, moduli, free):
         plan = self.plan(grid)
+        if self.uses_lapack(grid):
+            return jnp.moveaxis(_lapack.jax_factor(moduli, free), 0, -1)  # (n, k + 1, B)
         return _banded.factor(plan, _banded.row_band(plan, moduli, free))
 
     def forward(self, grid, state, rhs):
-        """$L^{-1}$ rhs with the factor of :meth:`init` (rows past ``n_dofs`` are padding)."""
+        """$L^{-1}$ rhs with the factor of :meth:`init` (rows past ``n_dofs``, if
+        any, are padding)."""
+        if self.uses_lapack(grid):
+            return _by_rows(_lapack.jax_forward, jnp.moveaxis(state, -1, 0), rhs)
         return _banded.forward(self.plan(grid), state, rhs)
 
     def compute(self, grid, state, rhs, x0=None):
-        x = _banded.solve(self.plan(grid), state, rhs)
+        if self.uses_lapack(grid):
+            x = _by_rows(_lapack.jax_solve, jnp.moveaxis(state, -1, 0), rhs)
+        else:
+            x = _banded.solve(self.plan(grid), state, rhs)
         return x, _direct_result(x), jnp.zeros(rhs.shape[-1:], jnp.int32)
+
+    def init_compute(self, grid, moduli, free, rhs):
+        """:meth:`init` then :meth:`compute`, keeping no factor.  With LAPACK a
+        sample without a free DOF (the identity) costs no factorisation."""
+        if not self.uses_lapack(grid):
+            return self.compute(grid, self.init(grid, moduli, free), rhs)
+        x = _by_rows(lambda _, r: _lapack.jax_factor_solve(moduli, free, r), None, rhs)
+        return x, _direct_result(x), jnp.zeros(rhs.shape[-1:], jnp.int32)
+
+
+def _by_rows(fn, first, rhs):
+    """``fn(first, rows)`` on right-hand sides (n, ..., B) moved to the host
+    layout (B, r, n), and the result moved back."""
+    n, nb = rhs.shape[0], rhs.shape[-1]
+    rows = jnp.transpose(rhs.reshape(n, -1, nb), (2, 1, 0))
+    out = fn(first, rows)
+    return jnp.transpose(out, (2, 1, 0)).reshape(rhs.shape)
 
 
 @dataclasses.dataclass(frozen=True)

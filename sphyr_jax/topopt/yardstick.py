@@ -45,12 +45,14 @@ import functools
 import itertools
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from sphyr_jax.fem import fea
 from sphyr_jax.fem.solvers import Banded, Multigrid
+from sphyr_jax.fem.structured import get_grid
 from sphyr_jax.problem.loadcase import LoadCase
 from sphyr_jax.sharding import batch_call, device_count
 from sphyr_jax.topopt import yardstick_polish
@@ -117,26 +119,35 @@ def _pow(x, e):
 def simp_solver(shape: tuple[int, ...]):
     """The solver of the SIMP steps on a grid: (solver, iterative).
 
-    2D grids below :data:`SIMP_MULTIGRID_CELLS` cells (the published 10x10
-    included): the banded factorisation.  Larger 2D grids and voxel grids:
-    the multigrid CG to a relative residual of :data:`SIMP_SOLVE_TOL`, each
-    step starting from the slot's previous displacements (a SIMP step changes
-    the design a little, so fewer iterations are needed).  Measured on SIMP
-    designs, 4 slots (one sample's pool) on a 2-core CPU, ms per pass: banded
-    / warm multigrid 5.0 / 11.8 at 20x20, 16.4 / 17.4 at 30x30, 36 / 24 at
-    40x40, 168 / 48 at 60x60.
+    2D grids: the banded factorisation wherever it runs on LAPACK (CPU
+    programs from 12x12) or is small (below :data:`SIMP_MULTIGRID_CELLS`
+    cells, the published 10x10 included).  Larger 2D grids off the CPU and
+    voxel grids: the multigrid CG to a relative residual of
+    :data:`SIMP_SOLVE_TOL`, each step starting from the slot's previous
+    displacements (a SIMP step changes the design a little, so fewer
+    iterations are needed).  Measured on SIMP designs, one sample's pool of
+    4 slots on a 2-core CPU, ms per pass: XLA banded / warm multigrid 5.0 /
+    11.8 at 20x20, 16.4 / 17.4 at 30x30, 36 / 24 at 40x40, 168 / 48 at 60x60;
+    LAPACK costs about 0.45, 1.3 and 3.2 ms per *running* slot at 20x20, 30x30
+    and 40x40 (a slot without a run costs nothing, see :func:`_energies`).
     """
-    if len(shape) == 2 and math.prod(shape) < SIMP_MULTIGRID_CELLS:
+    if len(shape) == 2 and (math.prod(shape) < SIMP_MULTIGRID_CELLS
+                            or Banded().uses_lapack(get_grid(shape))):
         return Banded(), False
     return Multigrid(tol=SIMP_SOLVE_TOL), True
 
 
-def _energies(case: LoadCase, x, penal, u0=None):
+def _energies(case: LoadCase, x, penal, live, u0=None):
     """Compliance (S,), unit-modulus element energies (S, nel) and displacements
-    (S, n) of designs (S, nel), solved by :func:`simp_solver` (from ``u0``)."""
+    (S, n) of designs (S, nel), solved by :func:`simp_solver` (from ``u0``).
+
+    A slot without a run (``live`` False) solves nothing: with every DOF fixed
+    its system is the identity, which the host factorisation skips.
+    """
     shape = case.shape
     solver, _ = simp_solver(shape)
-    sol = fea.solve(case, x.reshape((-1,) + shape), penal, solver, x0=u0)
+    case = eqx.tree_at(lambda c: c.free_dofs, case, case.free_dofs & live[:, None])
+    sol = fea.solve(case, x.reshape((-1,) + shape), penal, solver, x0=u0, keep_factor=False)
     e = fea.element_strain_energy(case, sol.displacements)
     return sol.compliance, e.reshape(x.shape), sol.displacements
 
@@ -267,10 +278,12 @@ def _simp_runs(case: LoadCase, seed, active, static):
         }
 
     def oc(x, dc, live, m, p, dvs, tgt, rst):
-        ratio2 = jnp.maximum(-dc, 0.0) / jnp.maximum(dvs, 1e-12)
+        # x sqrt(B / mid) as (x sqrt(B)) / sqrt(mid): one square root per slot
+        # and step of the bisection rather than one per cell.
+        scaled = x * jnp.sqrt(jnp.maximum(-dc, 0.0) / jnp.maximum(dvs, 1e-12))
 
         def design_at(mid):
-            cand = jnp.clip(x * jnp.sqrt(ratio2 / mid[:, None]), x - move, x + move)
+            cand = jnp.clip(scaled / jnp.sqrt(mid)[:, None], x - move, x + move)
             return jnp.where(m, jnp.clip(cand, 0.0, 1.0), p)
 
         def open_(lo, hi):
@@ -298,7 +311,7 @@ def _simp_runs(case: LoadCase, seed, active, static):
         sample = run_sample[jnp.maximum(run, 0)]
         m, p = mask[sample], pinned[sample]
         pen = run_penal[jnp.maximum(run, 0)]
-        c, ue, u = _energies(jax.tree.map(lambda a: a[sample], case), st["phys"], pen,
+        c, ue, u = _energies(jax.tree.map(lambda a: a[sample], case), st["phys"], pen, live,
                              st.get("u"))
         finite = jnp.isfinite(c)
         dc = (-pen[:, None] * _pow(jnp.maximum(st["phys"], 1e-9), pen[:, None] - 1.0)) * ue
