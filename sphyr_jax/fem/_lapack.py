@@ -242,6 +242,41 @@ def forward(fac: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     return out
 
 
+def inverse_quadratic(fac: np.ndarray, dofs: np.ndarray, free: np.ndarray,
+                      combos: np.ndarray) -> np.ndarray:
+    r"""$W^T A^{-1} W$ for columns made of unit vectors, with factors from :func:`factor`.
+
+    Args:
+        fac: (B, n, k + 1) factors of $A = L L^T$.
+        dofs: (B, C, m) DOF indices, m per group.
+        free: (B, n) free-DOF masks: a fixed DOF's unit vector is zero.
+        combos: (m, r) combinations: column $(c, k)$ of $W$ is
+            $\sum_a$ ``combos[a, k]`` $e_{\text{dofs}[c, a]}$.
+
+    Returns:
+        (B, C r, C r) $(V^T Y)^T (V^T Y)$ with $Y = L^{-1} E$: one forward
+        substitution per sample; $Y$ stays on the host.
+    """
+    fac = np.ascontiguousarray(fac, dtype=np.float64)
+    dofs = np.asarray(dofs, np.int64)
+    free = np.asarray(free, np.float64)
+    combos = np.asarray(combos, np.float64)
+    nb, n = free.shape
+    groups, per = dofs.shape[1:]
+    rank = combos.shape[1]
+    out = np.empty((nb, groups * rank, groups * rank))
+    with _single_thread():
+        for i in range(nb):
+            flat = dofs[i].reshape(-1)
+            unit = np.zeros((flat.size, n))
+            unit[np.arange(flat.size), flat] = free[i, flat]
+            _forward_one(fac[i], unit)
+            projected = np.einsum("ak,can->ckn", combos, unit.reshape(groups, per, n))
+            projected = projected.reshape(groups * rank, n)
+            np.matmul(projected, projected.T, out=out[i])
+    return out
+
+
 def factor_solve(moduli: np.ndarray, free: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """:func:`factor` then :func:`solve`, one sample at a time, keeping no factor.
 
@@ -295,6 +330,14 @@ def jax_solve(fac, rhs):
 def jax_forward(fac, rhs):
     """:func:`forward` from a compiled program (batch-first)."""
     return _callback(forward, rhs.shape, fac, rhs)
+
+
+def jax_inverse_quadratic(fac, dofs, free, combos):
+    """:func:`inverse_quadratic` from a compiled program (batch-first)."""
+    size = dofs.shape[1] * combos.shape[1]
+    return jax.pure_callback(
+        inverse_quadratic, jax.ShapeDtypeStruct((dofs.shape[0], size, size), jnp.float64),
+        fac, dofs, free, combos, vmap_method="sequential")
 
 
 def jax_factor_solve(moduli, free, rhs):

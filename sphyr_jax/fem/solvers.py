@@ -145,6 +145,28 @@ class Banded:
             return _by_rows(_lapack.jax_forward, jnp.moveaxis(state, -1, 0), rhs)
         return _banded.forward(self.plan(grid), state, rhs)
 
+    def inverse_quadratic(self, grid, state, dofs, free, combos):
+        r"""$W^T \tilde K^{-1} W$ with the factor of :meth:`init`, (B, C r, C r).
+
+        Column $(c, k)$ of $W$ is $\sum_a$ ``combos[a, k]`` $D e_{\text{dofs}[c, a]}$
+        (``dofs`` (B, C, m), ``combos`` (m, r), ``free`` (n, B)): computed as
+        $(V^T Y)^T (V^T Y)$ from one forward substitution $Y = L^{-1} E$ of the
+        unit vectors (projecting before the products keeps the rigid-body parts
+        of $\tilde K^{-1}$, huge near void cells, out of the sums).  With LAPACK,
+        $Y$ stays on the host.
+        """
+        if self.uses_lapack(grid):
+            return _lapack.jax_inverse_quadratic(jnp.moveaxis(state, -1, 0), dofs, free.T,
+                                                 combos)
+        nb, groups, per = dofs.shape
+        unit = jax.nn.one_hot(dofs.reshape(nb, -1), grid.n_dofs, dtype=free.dtype)
+        unit = unit * free.T[:, None, :]  # (B, C m, n)
+        y = self.forward(grid, state, jnp.transpose(unit, (2, 1, 0)))  # (rows, C m, B)
+        y = y.reshape(y.shape[0], groups, per, nb)
+        m = jnp.einsum("ak,rcaB->Bckr", combos, y)  # (B, C, r, rows)
+        m = m.reshape(nb, groups * combos.shape[1], -1)
+        return jnp.einsum("Bir,Bjr->Bij", m, m)
+
     def compute(self, grid, state, rhs, x0=None):
         if self.uses_lapack(grid):
             x = _by_rows(_lapack.jax_solve, jnp.moveaxis(state, -1, 0), rhs)

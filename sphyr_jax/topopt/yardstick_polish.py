@@ -140,7 +140,6 @@ def polish(case: LoadCase, x, mask, static):
     shape = case.shape
     grid = st.get_grid(shape)
     nb = x.shape[0]
-    n = grid.n_dofs
     edofs = jnp.asarray(st.element_dofs(grid))  # (nel, 8)
     modes_np, lam_np = swaps.modes(shape)
     modes, lam = jnp.asarray(modes_np), jnp.asarray(lam_np)
@@ -153,17 +152,16 @@ def polish(case: LoadCase, x, mask, static):
     def score(x, c, aux, src, tgt):
         fac, u, free = aux
         n_rank = src.shape[1] + tgt.shape[1]
-        # K^{-1} restricted to the ranked cells' DOFs: Y = L^{-1} E, K^{-1} = Y^T Y.
+        # V^T K^{-1} V among the ranked cells' DOFs (one forward substitution).
         rc = jnp.concatenate([src, tgt], axis=1)  # (B, R)
         dofs = edofs[rc].reshape(nb, n_rank * 8)  # (B, 8R)
-        unit = jax.nn.one_hot(dofs, n, dtype=jnp.float64) * free.T[:, None, :]  # (B, 8R, n)
-        y = swaps.FACTOR.forward(grid, fac, unit.transpose(2, 1, 0))  # (rows, 8R, B)
-        y = y.reshape(y.shape[0], n_rank, 8, nb)
-        m = jnp.einsum("ak,rcaB->Bckr", modes, y)  # (B, R, 5, rows)
+        r = modes.shape[1]
+        g = swaps.FACTOR.inverse_quadratic(grid, fac, dofs.reshape(nb, n_rank, 8), free,
+                                           modes).reshape(nb, n_rank, r, n_rank, r)
         u_rc = jnp.take_along_axis(u.T[:, None, :], dofs.reshape(nb, n_rank, 8), axis=-1)
         w = jnp.einsum("ak,Bca->Bck", modes, u_rc)  # (B, R, 5)
-        g_self = jnp.einsum("Bckr,Bclr->Bckl", m, m)  # (B, R, 5, 5)
-        g_st = jnp.einsum("Bskr,Btlr->Bstkl", m[:, :n_src], m[:, n_src:])  # (B, S, T, 5, 5)
+        g_self = jnp.einsum("Bckcl->Bckl", g)  # (B, R, 5, 5)
+        g_st = jnp.transpose(g[:, :n_src, :, n_src:], (0, 1, 3, 2, 4))  # (B, S, T, 5, 5)
         q = swaps.swap_gain(g_self[:, :n_src, None], g_self[:, None, n_src:], g_st,
                             w[:, :n_src, None], w[:, None, n_src:], lam)
         scores = c[:, None, None] - q
