@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -277,6 +278,18 @@ def inverse_quadratic(fac: np.ndarray, dofs: np.ndarray, free: np.ndarray,
     return out
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(shape: tuple[int, int]) -> np.ndarray:
+    """This thread's band buffer of ``shape``, reused across calls: a fresh
+    multi-megabyte array per call would cost its page faults every time."""
+    buf = getattr(_SCRATCH, "band", None)
+    if buf is None or buf.shape != shape:
+        buf = _SCRATCH.band = np.empty(shape)
+    return buf
+
+
 def factor_solve(moduli: np.ndarray, free: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """:func:`factor` then :func:`solve`, one sample at a time, keeping no factor.
 
@@ -285,7 +298,7 @@ def factor_solve(moduli: np.ndarray, free: np.ndarray, rhs: np.ndarray) -> np.nd
     moduli, free = np.asarray(moduli, np.float64), np.asarray(free, np.float64)
     nb, n = free.shape
     weights = band_weights(moduli.shape[1:])
-    band = np.empty((n, weights.shape[1] // 2))
+    band = _scratch((n, weights.shape[1] // 2))
     out = np.array(rhs, dtype=np.float64, order="C", copy=True)
     with _single_thread():
         for i in range(nb):
