@@ -215,6 +215,16 @@ def factor(moduli: np.ndarray, free: np.ndarray) -> np.ndarray:
     return out
 
 
+def _per_sample(one, fac: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """``one(factor, rows)`` in place on a copy of every sample's right-hand sides."""
+    fac = np.ascontiguousarray(fac, dtype=np.float64)
+    out = np.array(rhs, dtype=np.float64, order="C", copy=True)
+    with _single_thread():
+        for i in range(out.shape[0]):
+            one(fac[i], out[i])
+    return out
+
+
 def solve(fac: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """$x = A^{-1} b$ with factors from :func:`factor`.
 
@@ -225,22 +235,12 @@ def solve(fac: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     Returns:
         (B, r, n) solutions.
     """
-    fac = np.ascontiguousarray(fac, dtype=np.float64)
-    out = np.array(rhs, dtype=np.float64, order="C", copy=True)
-    with _single_thread():
-        for i in range(out.shape[0]):
-            _solve_one(fac[i], out[i])
-    return out
+    return _per_sample(_solve_one, fac, rhs)
 
 
 def forward(fac: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """$y = L^{-1} b$ with factors from :func:`factor`; shapes as :func:`solve`."""
-    fac = np.ascontiguousarray(fac, dtype=np.float64)
-    out = np.array(rhs, dtype=np.float64, order="C", copy=True)
-    with _single_thread():
-        for i in range(out.shape[0]):
-            _forward_one(fac[i], out[i])
-    return out
+    return _per_sample(_forward_one, fac, rhs)
 
 
 def inverse_quadratic(fac: np.ndarray, dofs: np.ndarray, free: np.ndarray,
@@ -348,9 +348,7 @@ def jax_forward(fac, rhs):
 def jax_inverse_quadratic(fac, dofs, free, combos):
     """:func:`inverse_quadratic` from a compiled program (batch-first)."""
     size = dofs.shape[1] * combos.shape[1]
-    return jax.pure_callback(
-        inverse_quadratic, jax.ShapeDtypeStruct((dofs.shape[0], size, size), jnp.float64),
-        fac, dofs, free, combos, vmap_method="sequential")
+    return _callback(inverse_quadratic, (dofs.shape[0], size, size), fac, dofs, free, combos)
 
 
 def jax_factor_solve(moduli, free, rhs):
