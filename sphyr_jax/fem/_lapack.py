@@ -10,9 +10,11 @@ called through :mod:`ctypes`, which releases the interpreter lock during each
 call, so the samples of a batch are factored on every core at once, each
 call single-threaded (one small band is faster on one thread).
 
-Compiled programs call in through ``jax.pure_callback`` (one call per batch,
-about 0.1 ms of overhead), so this serves CPU programs; elsewhere the XLA
-factorisation is used (:class:`~sphyr_jax.fem.solvers.Banded`).
+Compiled programs call in through an XLA foreign-function target
+(:mod:`sphyr_jax.fem.host`: one call per batch, about 20 us of overhead, the
+program's buffers read in place), so this serves CPU programs, on one device
+or several at once; elsewhere the XLA factorisation is used
+(:class:`~sphyr_jax.fem.solvers.Banded`).
 
 Storage (per sample, C order): the factor is ``(n, k + 1)`` with
 ``F[j, d] = L[j + d, j]`` for the half-bandwidth $k$ (LAPACK's lower band
@@ -30,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sphyr_jax.fem.host import host_call
 from sphyr_jax.fem.structured import get_grid
 
 _INT = ctypes.POINTER(ctypes.c_int)
@@ -318,8 +321,7 @@ def factor_solve(moduli: np.ndarray, free: np.ndarray, rhs: np.ndarray) -> np.nd
 
 
 def _callback(fn, shape, *args):
-    return jax.pure_callback(fn, jax.ShapeDtypeStruct(shape, jnp.float64), *args,
-                             vmap_method="sequential")
+    return host_call(fn, jax.ShapeDtypeStruct(shape, jnp.float64), *args)
 
 
 def _batch_first(moduli, free):

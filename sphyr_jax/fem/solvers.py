@@ -99,10 +99,9 @@ class Banded:
         chunk: samples per chunk of a large batch (None: on CPU as many as keep
             a chunk's factor within :data:`FACTOR_BYTES`, at most 64 (64 up to
             20x20, 8 at 60x60), no chunking elsewhere; 0: never chunk).
-        lapack: use LAPACK on the host (None: in a process with one CPU
-            device, from :data:`LAPACK_MIN_DOFS` DOFs, the measured crossover;
-            with several devices, whose sharded programs would call the host at
-            once, the XLA loops).
+        lapack: use LAPACK on the host (None: in CPU programs from
+            :data:`LAPACK_MIN_DOFS` DOFs, the measured crossover, on any number
+            of CPU devices).
     """
 
     block: int = 4
@@ -121,10 +120,7 @@ class Banded:
         """Whether this grid's systems are factored by LAPACK on the host."""
         if self.lapack is not None:
             return self.lapack
-        # One device only: host callbacks from several CPU devices at once were
-        # measured to stall XLA's CPU thread pool (a sharded batch never finished).
-        return (jax.default_backend() == "cpu" and jax.local_device_count() == 1
-                and grid.n_dofs >= LAPACK_MIN_DOFS)
+        return jax.default_backend() == "cpu" and grid.n_dofs >= LAPACK_MIN_DOFS
 
     def cpu_chunk(self, grid: st.StructuredGrid) -> int:
         """Samples per chunk on CPU: a chunk's factor stays within
