@@ -113,6 +113,34 @@ def test_default_is_lapack_on_this_cpu_from_the_crossover():
     assert not XLA.uses_lapack(large) and LAPACK.uses_lapack(small)
 
 
+def test_the_host_factorisation_runs_on_one_thread_of_scipys_openblas():
+    """The thread limit reaches the OpenBLAS behind SciPy's LAPACK (not NumPy's
+    own copy): its thread count reads 1 inside the limit and is restored after.
+    (With the limit on the wrong library, two processes factoring at once on
+    two cores were 30-40x slower per factorisation.)"""
+    import ctypes
+    import os
+
+    import scipy
+
+    _lapack._routines()
+    path = _lapack.scipy_openblas()
+    if path is None:
+        pytest.skip("SciPy's LAPACK is not a separately loaded OpenBLAS here")
+    own = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
+    if os.path.isdir(own):
+        assert path.startswith(own + os.sep)
+    assert "numpy" not in os.path.basename(os.path.dirname(path))
+    lib = ctypes.CDLL(path)
+    count = next(getattr(lib, name) for name in ("scipy_openblas_get_num_threads",
+                                                 "openblas_get_num_threads")
+                 if hasattr(lib, name))
+    outside = count()
+    with _lapack._single_thread():
+        assert count() == 1
+    assert count() == outside
+
+
 def test_lapack_xla_and_dense_agree_values_and_derivatives(batch):
     cases, designs = batch
     out = {}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import os
 import threading
 
 import jax
@@ -64,23 +65,38 @@ def _routines():
 
 
 def _thread_setter():
-    """OpenBLAS's per-thread thread count setter of SciPy's LAPACK, if found."""
+    """OpenBLAS's per-thread thread count setter of the library behind SciPy's
+    LAPACK, if found (``None`` otherwise)."""
+    path = scipy_openblas()
+    if path is None:
+        return None
+    try:
+        setter = ctypes.CDLL(path).openblas_set_num_threads_local
+    except (OSError, AttributeError):
+        return None
+    setter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
+    return setter
+
+
+def scipy_openblas() -> str | None:
+    """Path of the OpenBLAS that SciPy's LAPACK calls, if one is loaded.
+
+    NumPy and SciPy wheels each bundle their own OpenBLAS (NumPy's the 64-bit
+    integer build); SciPy's lives in the ``scipy.libs`` folder beside the
+    package.  Limiting the wrong one leaves ``dpbtrf`` on every core, where
+    its threads spin-wait for each other: measured 40x slower per
+    factorisation with two such processes on a 2-core machine.
+    """
+    import scipy
+
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
     except OSError:
         return None
-    for path in sorted(paths):
-        if "scipy.libs" not in path and "scipy_openblas" not in path:
-            continue
-        try:
-            lib = ctypes.CDLL(path)
-            setter = lib.openblas_set_num_threads_local
-        except (OSError, AttributeError):
-            continue
-        setter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
-        return setter
-    return None
+    own = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
+    ranked = sorted(paths, key=lambda p: (not p.startswith(own + os.sep), "numpy" in p, p))
+    return ranked[0] if ranked and "numpy" not in ranked[0] else None
 
 
 @contextlib.contextmanager
@@ -253,7 +269,8 @@ def inverse_quadratic(fac: np.ndarray, dofs: np.ndarray, free: np.ndarray,
     Args:
         fac: (B, n, k + 1) factors of $A = L L^T$.
         dofs: (B, C, m) DOF indices, m per group.
-        free: (B, n) free-DOF masks: a fixed DOF's unit vector is zero.
+        free: (B, n) free-DOF masks: a fixed DOF's unit vector is zero (a
+            sample without a free DOF gives zeros at no cost).
         combos: (m, r) combinations: column $(c, k)$ of $W$ is
             $\sum_a$ ``combos[a, k]`` $e_{\text{dofs}[c, a]}$.
 
@@ -271,6 +288,9 @@ def inverse_quadratic(fac: np.ndarray, dofs: np.ndarray, free: np.ndarray,
     out = np.empty((nb, groups * rank, groups * rank))
     with _single_thread():
         for i in range(nb):
+            if not free[i].any():  # the identity, every unit vector zero
+                out[i] = 0.0
+                continue
             flat = dofs[i].reshape(-1)
             unit = np.zeros((flat.size, n))
             unit[np.arange(flat.size), flat] = free[i, flat]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -76,6 +77,12 @@ def scan_first_better(c, ok, best):
     return best, sel
 
 
+def _only(case: LoadCase, on) -> LoadCase:
+    """``case`` with every DOF of the samples not ``on`` fixed: their systems
+    are the identity (the host factorisation skips it, CG stops at once)."""
+    return eqx.tree_at(lambda c: c.free_dofs, case, case.free_dofs & on[:, None])
+
+
 def _swap_passes(x, mask, shape, static, evaluate, score):
     """The published pass loop, shared by both polishes.
 
@@ -89,7 +96,9 @@ def _swap_passes(x, mask, shape, static, evaluate, score):
         mask: (B, nel) design cells.
         shape: grid shape.
         static: :meth:`sphyr_jax.topopt.options.ReferenceOptions.static`.
-        evaluate: ``x -> (compliance (B,), unit-modulus energies (B, nel), aux)``.
+        evaluate: ``(x, on) -> (compliance (B,), unit-modulus energies (B, nel),
+            aux)``; only the samples ``on`` (B,) still search, the others'
+            outputs are never read (so they may skip their solves).
         score: ``(x, compliance, aux, src (B, S), tgt (B, T)) -> (scores (B, S, T),
             usable (B, S, T))``: the compliance after each swap.
 
@@ -102,7 +111,7 @@ def _swap_passes(x, mask, shape, static, evaluate, score):
 
     def body(st):
         x, best, live, dirty, it = st
-        c, e, aux = evaluate(x)
+        c, e, aux = evaluate(x, dirty)
         best = jnp.where(dirty, c, best)
         solid = x > 0.5
         near = neighbour_energy(e.reshape((nb,) + shape),
@@ -144,8 +153,8 @@ def polish(case: LoadCase, x, mask, static):
     modes_np, lam_np = swaps.modes(shape)
     modes, lam = jnp.asarray(modes_np), jnp.asarray(lam_np)
 
-    def evaluate(x):
-        fac, u, free, c = swaps.exact(case, x, penal)  # u (n, B)
+    def evaluate(x, on):
+        fac, u, free, c = swaps.exact(_only(case, on), x, penal)  # u (n, B)
         e = st.element_energy(grid, u, u)  # unit-modulus energies (*cells, B)
         return c, jnp.moveaxis(e, -1, 0).reshape(nb, -1), (fac, u, free)
 
@@ -199,16 +208,17 @@ def polish_exact(case: LoadCase, x, mask, static, solver="banded"):
     def clean(c):
         return jnp.where(jnp.isfinite(c) & (c >= 0.0), c, jnp.inf)
 
-    def evaluate(x):
-        sol = fea.solve(case, x.reshape((nb,) + shape), penal, solver)
+    def evaluate(x, on):
+        sol = fea.solve(_only(case, on), x.reshape((nb,) + shape), penal, solver)
         e = fea.element_strain_energy(case, sol.displacements).reshape(nb, nel)
-        return clean(sol.compliance), e, None
+        return clean(sol.compliance), e, on
 
-    def score(x, c, aux, src, tgt):
+    def score(x, c, on, src, tgt):
         out = jax.nn.one_hot(src, nel, dtype=x.dtype)  # (B, S, nel)
         into = jax.nn.one_hot(tgt, nel, dtype=x.dtype)  # (B, T, nel)
         swapped = x[:, None, None] - out[:, :, None] + into[:, None, :]  # (B, S, T, nel)
-        c = fea.compliance(many, swapped.reshape((nb * pairs,) + shape), penal, solver)
+        c = fea.compliance(_only(many, jnp.repeat(on, pairs)),
+                           swapped.reshape((nb * pairs,) + shape), penal, solver)
         c = clean(c).reshape(nb, n_src, n_tgt)
         return c, c < jnp.inf
 
