@@ -94,9 +94,10 @@ def scipy_openblas() -> str | None:
             paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
     except OSError:
         return None
-    own = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
-    ranked = sorted(paths, key=lambda p: (not p.startswith(own + os.sep), "numpy" in p, p))
-    return ranked[0] if ranked and "numpy" not in ranked[0] else None
+    folder = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
+    own = sorted(p for p in paths if p.startswith(folder + os.sep))
+    others = sorted(p for p in paths if "numpy" not in p)
+    return (own or others or [None])[0]
 
 
 @contextlib.contextmanager

@@ -152,13 +152,9 @@ def _target(fn) -> str:
     """Register ``fn`` as an FFI target of the CPU platform (once) and name it."""
     name = f"sphyr_jax.{fn.__module__}.{fn.__qualname__}"
     with _LOCK:
-        handler = _handler(fn)
-        capsule_new = _c.pythonapi.PyCapsule_New
-        capsule_new.restype = _c.py_object
-        capsule_new.argtypes = [_c.c_void_p, _c.c_char_p, _c.c_void_p]
-        capsule = capsule_new(_c.cast(handler, _c.c_void_p), None, None)
-        jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-        _KEEP[name] = handler
+        handler = _KEEP[name] = _handler(fn)
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(_c.cast(handler, _c.c_void_p)),
+                                    platform="cpu")
     return name
 
 

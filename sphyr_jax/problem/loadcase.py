@@ -352,6 +352,16 @@ def with_budget(case: LoadCase, volume_fraction) -> LoadCase:
                        else np.asarray(volume_fraction, dtype=np.float64))
 
 
+def fix_samples(case: LoadCase, keep) -> LoadCase:
+    """Batched load cases with every DOF of the samples not ``keep`` (B,) fixed.
+
+    Such a sample's system is the identity with a zero load: solvers skip it
+    (the host factorisation) or stop at once (CG), so samples a batch carries
+    but no longer needs cost no solve.
+    """
+    return eqx.tree_at(lambda c: c.free_dofs, case, case.free_dofs & keep[:, None])
+
+
 def _node_any(cells: np.ndarray) -> np.ndarray:
     """Nodes touching at least one marked cell, (*cells + 1)."""
     out = np.zeros(tuple(n + 1 for n in cells.shape), dtype=bool)

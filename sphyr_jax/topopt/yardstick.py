@@ -45,7 +45,6 @@ import functools
 import itertools
 import math
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,7 +52,7 @@ import numpy as np
 from sphyr_jax.fem import fea
 from sphyr_jax.fem.solvers import Banded, Multigrid
 from sphyr_jax.fem.structured import get_grid
-from sphyr_jax.problem.loadcase import LoadCase
+from sphyr_jax.problem.loadcase import LoadCase, fix_samples
 from sphyr_jax.sharding import batch_call, device_count
 from sphyr_jax.topopt import yardstick_polish
 from sphyr_jax.topopt.budget import budget_limit, free_budget, round_to_budget
@@ -151,12 +150,11 @@ def _energies(case: LoadCase, x, penal, live, u0=None):
     """Compliance (S,), unit-modulus element energies (S, nel) and displacements
     (S, n) of designs (S, nel), solved by :func:`simp_solver` (from ``u0``).
 
-    A slot without a run (``live`` False) solves nothing: with every DOF fixed
-    its system is the identity, which the host factorisation skips.
+    A slot without a run (``live`` False) solves nothing (:func:`fix_samples`).
     """
     shape = case.shape
     solver, _ = simp_solver(shape)
-    case = eqx.tree_at(lambda c: c.free_dofs, case, case.free_dofs & live[:, None])
+    case = fix_samples(case, live)
     sol = fea.solve(case, x.reshape((-1,) + shape), penal, solver, x0=u0, keep_factor=False)
     e = fea.element_strain_energy(case, sol.displacements)
     return sol.compliance, e.reshape(x.shape), sol.displacements
@@ -393,9 +391,8 @@ def _program(case: LoadCase, seed, active, *, static):
     nel = math.prod(shape)
     penal = static[5]
     designs, its, capped, mask, pinned, budget = _simp_runs(case, seed, active, static)
-    # Padding samples solve the identity from here on (every DOF fixed: the
-    # host factorisation skips it) and have no cell to polish.
-    case = eqx.tree_at(lambda c: c.free_dofs, case, case.free_dofs & active[:, None])
+    # Padding samples solve nothing from here on and have no cell to polish.
+    case = fix_samples(case, active)
     mask = mask & active[:, None]
     rounded = round_to_budget(designs, mask[:, None], budget[:, None])
     cands = jnp.stack([designs, rounded], axis=2).reshape(nb, 16, nel)  # d0, r0, d1, ...

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import itertools
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from sphyr_jax.fem import fea
 from sphyr_jax.fem import structured as st
-from sphyr_jax.problem.loadcase import LoadCase
+from sphyr_jax.problem.loadcase import LoadCase, fix_samples
 from sphyr_jax.topopt import swaps
 
 IMPROVEMENT = 1e-12  # absolute, as published
@@ -75,12 +74,6 @@ def scan_first_better(c, ok, best):
     (best, sel), _ = jax.lax.scan(step, (best, jnp.full((nb,), -1, jnp.int32)),
                                   (c, ok, jnp.arange(c.shape[0], dtype=jnp.int32)))
     return best, sel
-
-
-def _only(case: LoadCase, on) -> LoadCase:
-    """``case`` with every DOF of the samples not ``on`` fixed: their systems
-    are the identity (the host factorisation skips it, CG stops at once)."""
-    return eqx.tree_at(lambda c: c.free_dofs, case, case.free_dofs & on[:, None])
 
 
 def _swap_passes(x, mask, shape, static, evaluate, score):
@@ -154,7 +147,7 @@ def polish(case: LoadCase, x, mask, static):
     modes, lam = jnp.asarray(modes_np), jnp.asarray(lam_np)
 
     def evaluate(x, on):
-        fac, u, free, c = swaps.exact(_only(case, on), x, penal)  # u (n, B)
+        fac, u, free, c = swaps.exact(fix_samples(case, on), x, penal)  # u (n, B)
         e = st.element_energy(grid, u, u)  # unit-modulus energies (*cells, B)
         return c, jnp.moveaxis(e, -1, 0).reshape(nb, -1), (fac, u, free)
 
@@ -209,7 +202,7 @@ def polish_exact(case: LoadCase, x, mask, static, solver="banded"):
         return jnp.where(jnp.isfinite(c) & (c >= 0.0), c, jnp.inf)
 
     def evaluate(x, on):
-        sol = fea.solve(_only(case, on), x.reshape((nb,) + shape), penal, solver)
+        sol = fea.solve(fix_samples(case, on), x.reshape((nb,) + shape), penal, solver)
         e = fea.element_strain_energy(case, sol.displacements).reshape(nb, nel)
         return clean(sol.compliance), e, on
 
@@ -217,7 +210,7 @@ def polish_exact(case: LoadCase, x, mask, static, solver="banded"):
         out = jax.nn.one_hot(src, nel, dtype=x.dtype)  # (B, S, nel)
         into = jax.nn.one_hot(tgt, nel, dtype=x.dtype)  # (B, T, nel)
         swapped = x[:, None, None] - out[:, :, None] + into[:, None, :]  # (B, S, T, nel)
-        c = fea.compliance(_only(many, jnp.repeat(on, pairs)),
+        c = fea.compliance(fix_samples(many, jnp.repeat(on, pairs)),
                            swapped.reshape((nb * pairs,) + shape), penal, solver)
         c = clean(c).reshape(nb, n_src, n_tgt)
         return c, c < jnp.inf
