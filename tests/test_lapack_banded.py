@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pathlib
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -203,3 +204,59 @@ def test_yardstick_on_lapack_agrees_with_the_second_method():
     theirs = reference_method.reference_optimum(jax.tree.map(np.asarray, case))
     assert float(ours.compliance[0]) == pytest.approx(theirs.compliance, rel=1e-9)
     np.testing.assert_array_equal(ours.densities[0], theirs.densities)
+
+
+def test_a_batch_spread_over_the_cores_equals_one_thread_bit_for_bit(monkeypatch):
+    """Every routine of a large batch, spread over threads (each sample on one
+    thread), gives exactly what the calling thread alone gives; the work did
+    run on more than one thread where the process has two cores."""
+    shape = (20, 20)
+    rng = np.random.default_rng(7)
+    n = structured.get_grid(shape).n_dofs
+    nb = 9
+    moduli = 1e-9 + rng.random((nb,) + shape) ** 3
+    free = (rng.random((nb, n)) > 0.1).astype(float)
+    free[4] = 0.0  # the identity among the live samples
+    rhs = rng.standard_normal((nb, 2, n))
+    dofs = rng.integers(0, n, (nb, 3, 2))
+    combos = rng.standard_normal((2, 2))
+
+    def everything():
+        fac = _lapack.factor(moduli, free)
+        return [fac, _lapack.solve(fac, rhs), _lapack.forward(fac, rhs),
+                _lapack.factor_solve(moduli, free, rhs),
+                _lapack.inverse_quadratic(fac, dofs, free, combos)]
+
+    threads = set()
+    spread = _lapack._spread
+
+    def recording(live, work, flops_each):
+        def one(i):
+            threads.add(threading.get_ident())
+            work(i)
+        spread(live, one, flops_each)
+
+    monkeypatch.setattr(_lapack, "_spread", recording)
+    monkeypatch.setattr(_lapack, "_SPREAD_FLOPS", 0.0)
+    monkeypatch.setattr(_lapack, "_SPREAD_FLOPS_EACH", 0.0)
+    many = everything()
+    used = len(threads)
+    monkeypatch.setattr(_lapack, "_SPREAD_FLOPS", np.inf)
+    threads.clear()
+    alone = everything()
+    assert threads == {threading.get_ident()}
+    for got, want in zip(many, alone, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert used >= 2 if _lapack.host_cores() >= 2 else used == 1
+    # The identity sample: its right-hand side back, a zero quadratic form.
+    np.testing.assert_array_equal(many[3][4], rhs[4])
+    np.testing.assert_array_equal(many[4][4], 0.0)
+    # A failure in a worker thread reaches the caller.
+    monkeypatch.setattr(_lapack, "_SPREAD_FLOPS", 0.0)
+
+    def broken(i):
+        if i == 3:
+            raise ValueError("sample 3 is broken")
+
+    with pytest.raises(ValueError, match="sample 3 is broken"):
+        spread(list(range(nb)), broken, 1.0)

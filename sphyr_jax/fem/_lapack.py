@@ -1,14 +1,15 @@
 r"""Banded Cholesky by LAPACK on the host, callable from compiled CPU programs.
 
 LAPACK's blocked banded Cholesky (``dpbtrf``) and its solves (``dpbtrs``,
-``dtbtrs``) run at the speed of tuned matrix kernels: on a 2-core CPU about
-0.3 ms for the 882 DOFs of a 20x20 grid and 9 ms for the 7,442 of a 60x60
+``dtbtrs``) run at the speed of tuned matrix kernels: on one core about
+0.28 ms for the 882 DOFs of a 20x20 grid and 7.4 ms for the 7,442 of a 60x60
 one, 3-5x faster than the same factorisation written as XLA loops
 (:mod:`sphyr_jax.fem._banded`).  The routines are SciPy's own LAPACK, reached
 through the function pointers that ``scipy.linalg.cython_lapack`` exports and
 called through :mod:`ctypes`, which releases the interpreter lock during each
-call, so the samples of a batch are factored on every core at once, each
-call single-threaded (one small band is faster on one thread).
+call, so the samples of a large enough batch are dealt to every core at once
+(:func:`_spread`), each call single-threaded (one small band is faster on one
+thread).
 
 Compiled programs call in through an XLA foreign-function target
 (:mod:`sphyr_jax.fem.host`: one call per batch, about 20 us of overhead, the
@@ -28,6 +29,7 @@ import ctypes
 import functools
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -113,6 +115,73 @@ def _single_thread():
             setter(before)
 
 
+def host_cores() -> int:
+    """How many samples of a batch are factored at once: the cores this process
+    may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+_POOL: list = []  # [ThreadPoolExecutor] once made; emptied in a forked child
+_POOL_LOCK = threading.Lock()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_POOL.clear)
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max(1, workers), "sphyr-lapack"))
+        return _POOL[0]
+
+
+# A batch runs on the calling thread below this many multiply-adds in all, or
+# per sample ($n k^2$ for a factorisation): handing work to another thread and
+# back costs about 0.1 ms, and each sample's assembly holds the interpreter
+# lock.  Measured (factor + solve, two cores): 14x14 batches of 4 and 16x16
+# batches of 2 break even, 20x20 pairs gain 1.2x, batches of 64 1.2x at
+# 12x12, 1.6x at 20x20 and 1.9x at 30x30; 10x10 batches lose at every size.
+_SPREAD_FLOPS = 3e6
+_SPREAD_FLOPS_EACH = 1e5
+
+
+def _spread(live: list[int], work, flops_each: float) -> None:
+    """``work(i)`` for every ``i`` in ``live``, on every core at once.
+
+    The samples are dealt round-robin to at most :func:`host_cores` threads
+    (the calling one among them), each running OpenBLAS on one thread.  The
+    ctypes calls release the interpreter lock, so the factorisations run in
+    parallel; a shared pool keeps the total at the core count when several
+    devices call in at once.  An exception in any sample is raised here.
+    """
+    cores = host_cores()
+    ways = min(cores, len(live))
+    if flops_each < _SPREAD_FLOPS_EACH or flops_each * len(live) < _SPREAD_FLOPS:
+        ways = 1
+
+    def run(chunk):
+        with _single_thread():
+            for i in chunk:
+                work(i)
+
+    if ways == 1:
+        run(live)
+        return
+    futures = [_pool(cores).submit(run, live[w::ways]) for w in range(1, ways)]
+    try:
+        run(live[0::ways])
+    finally:
+        for f in futures:
+            f.result()
+
+
+def _flops(n: int, width: int) -> float:
+    return float(n) * float(width) ** 2
+
+
 def _c_int(v: int):
     return ctypes.byref(ctypes.c_int(int(v)))
 
@@ -172,43 +241,43 @@ def band_weights(shape: tuple[int, int]) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=32)
-def _nonzero_weights(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """The columns of :func:`band_weights` that are not all zero (about 11 of the
-    $k + 1$ diagonals per DOF direction), and their weights."""
-    w = band_weights(shape)
-    cols = np.flatnonzero(np.any(w != 0.0, axis=0))
-    return cols, np.ascontiguousarray(w[:, cols])
-
-
-@functools.lru_cache(maxsize=32)
 def _corner_slices(shape: tuple[int, int]):
     return tuple((slice(dr, dr + shape[0]), slice(dc, dc + shape[1]), q)
                  for q, (dr, dc) in enumerate(get_grid(shape).element.node_offsets))
 
 
+@functools.lru_cache(maxsize=32)
+def _fixed_offsets(width: int) -> np.ndarray:
+    """Flat offsets, from ``j (k + 1)``, of the band entries in row and column
+    $j$: ``F[j, d]`` for $d = 0..k$ and ``F[j - d, d]`` for $d = 1..k$."""
+    d = np.arange(1, width)
+    out = np.concatenate([np.arange(width), -d * (width - 1)])
+    out.setflags(write=False)
+    return out
+
+
 def _assemble(moduli: np.ndarray, free: np.ndarray, weights: np.ndarray,
               out: np.ndarray) -> None:
-    r"""The masked lower band of one sample into ``out`` (n, k + 1).
+    r"""The masked lower band of one sample into ``out`` (n, k + 1), C-contiguous.
 
     $\tilde K = D K D + (I - D)$ with $D = \mathrm{diag}(\text{free})$: the rows
-    and columns of fixed DOFs are cleared and their diagonal set to 1.
+    and columns of fixed DOFs are cleared and their diagonal set to 1.  The
+    band is one product of the corner moduli with the weights (zeros
+    included, so nothing is filled twice), then the fixed entries are set
+    through flat indices.
     """
     nely, nelx = moduli.shape
     n, width = out.shape
     corners = np.zeros((nely + 1, nelx + 1, 4))
     for where in _corner_slices((nely, nelx)):
         corners[where] = moduli
-    cols, nonzero = _nonzero_weights((nely, nelx))
-    flat = out.reshape(n // 2, 2 * width)
-    flat.fill(0.0)
-    flat[:, cols] = corners.reshape(-1, 4) @ nonzero
+    np.matmul(corners.reshape(-1, 4), weights, out=out.reshape(n // 2, 2 * width))
     fixed = np.flatnonzero(free == 0)
     if fixed.size:
-        out[fixed] = 0.0
-        out[fixed, 0] = 1.0
-        rows = fixed[:, None] - np.arange(1, width)[None, :]  # K[j, i], i = j - d
-        inside = rows >= 0
-        out[rows[inside], np.broadcast_to(np.arange(1, width), rows.shape)[inside]] = 0.0
+        flat = out.reshape(-1)
+        entries = (fixed[:, None] * width + _fixed_offsets(width)).reshape(-1)
+        flat[entries[entries >= 0]] = 0.0  # F[i - d, d] lies before the band when d > i
+        flat[fixed * width] = 1.0
 
 
 def factor(moduli: np.ndarray, free: np.ndarray) -> np.ndarray:
@@ -226,12 +295,18 @@ def factor(moduli: np.ndarray, free: np.ndarray) -> np.ndarray:
     moduli, free = np.asarray(moduli, np.float64), np.asarray(free, np.float64)
     nb, n = free.shape
     weights = band_weights(moduli.shape[1:])
-    out = np.empty((nb, n, weights.shape[1] // 2))
-    with _single_thread():
-        for i in range(nb):
-            _assemble(moduli[i], free[i], weights, out[i])
-            if free[i].any() and not _factor_one(out[i]):
-                out[i] = np.nan
+    width = weights.shape[1] // 2
+    out = np.empty((nb, n, width))
+    live = free.any(axis=1)
+    for i in np.flatnonzero(~live):  # the identity
+        _assemble(moduli[i], free[i], weights, out[i])
+
+    def one(i):
+        _assemble(moduli[i], free[i], weights, out[i])
+        if not _factor_one(out[i]):
+            out[i] = np.nan
+
+    _spread([int(i) for i in np.flatnonzero(live)], one, _flops(n, width))
     return out
 
 
@@ -239,9 +314,8 @@ def _per_sample(one, fac: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """``one(factor, rows)`` in place on a copy of every sample's right-hand sides."""
     fac = np.ascontiguousarray(fac, dtype=np.float64)
     out = np.array(rhs, dtype=np.float64, order="C", copy=True)
-    with _single_thread():
-        for i in range(out.shape[0]):
-            one(fac[i], out[i])
+    nb, n, width = fac.shape
+    _spread(list(range(nb)), lambda i: one(fac[i], out[i]), 4.0 * n * width * out.shape[1])
     return out
 
 
@@ -286,19 +360,20 @@ def inverse_quadratic(fac: np.ndarray, dofs: np.ndarray, free: np.ndarray,
     nb, n = free.shape
     groups, per = dofs.shape[1:]
     rank = combos.shape[1]
-    out = np.empty((nb, groups * rank, groups * rank))
-    with _single_thread():
-        for i in range(nb):
-            if not free[i].any():  # the identity, every unit vector zero
-                out[i] = 0.0
-                continue
-            flat = dofs[i].reshape(-1)
-            unit = np.zeros((flat.size, n))
-            unit[np.arange(flat.size), flat] = free[i, flat]
-            _forward_one(fac[i], unit)
-            projected = np.einsum("ak,can->ckn", combos, unit.reshape(groups, per, n))
-            projected = projected.reshape(groups * rank, n)
-            np.matmul(projected, projected.T, out=out[i])
+    out = np.zeros((nb, groups * rank, groups * rank))
+
+    def one(i):
+        flat = dofs[i].reshape(-1)
+        unit = np.zeros((flat.size, n))
+        unit[np.arange(flat.size), flat] = free[i, flat]
+        _forward_one(fac[i], unit)
+        projected = np.einsum("ak,can->ckn", combos, unit.reshape(groups, per, n))
+        projected = projected.reshape(groups * rank, n)
+        np.matmul(projected, projected.T, out=out[i])
+
+    # A sample without a free DOF is the identity: every unit vector zero.
+    live = [i for i in range(nb) if free[i].any()]
+    _spread(live, one, 2.0 * n * fac.shape[2] * groups * per)
     return out
 
 
@@ -322,17 +397,19 @@ def factor_solve(moduli: np.ndarray, free: np.ndarray, rhs: np.ndarray) -> np.nd
     moduli, free = np.asarray(moduli, np.float64), np.asarray(free, np.float64)
     nb, n = free.shape
     weights = band_weights(moduli.shape[1:])
-    band = _scratch((n, weights.shape[1] // 2))
+    width = weights.shape[1] // 2
     out = np.array(rhs, dtype=np.float64, order="C", copy=True)
-    with _single_thread():
-        for i in range(nb):
-            if not free[i].any():
-                continue
-            _assemble(moduli[i], free[i], weights, band)
-            if _factor_one(band):
-                _solve_one(band, out[i])
-            else:
-                out[i] = np.nan
+
+    def one(i):
+        band = _scratch((n, width))  # the running thread's own
+        _assemble(moduli[i], free[i], weights, band)
+        if _factor_one(band):
+            _solve_one(band, out[i])
+        else:
+            out[i] = np.nan
+
+    live = [i for i in range(nb) if free[i].any()]
+    _spread(live, one, _flops(n, width))
     return out
 
 

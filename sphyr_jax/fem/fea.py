@@ -331,6 +331,13 @@ def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool,
         return fn(load_case, densities, penal, **extra)
     nb = math.prod(batch)
     size = bucket_size(nb)
+    if (batch == (size,) and load_case.batch_shape == batch
+            and densities.shape[:-load_case.ndim] == batch
+            and all(np.shape(v)[:np.ndim(v) - _EXTRA_RANK[k]] == batch
+                    for k, v in extra.items())):
+        # A flat batch of a bucket's size: nothing to pad, broadcast or cut,
+        # so the load case's arrays go in as they are (no host round trip).
+        return fn(load_case, densities, np.broadcast_to(penal, batch), **extra)
     idx = np.minimum(np.arange(size), nb - 1)  # pad by repeating the last sample
 
     def flat(a, tail):
