@@ -146,20 +146,34 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 # 12x12, 1.6x at 20x20 and 1.9x at 30x30; 10x10 batches lose at every size.
 _SPREAD_FLOPS = 3e6
 _SPREAD_FLOPS_EACH = 1e5
+# Nor is a batch spread whose bands outgrow a core's cache: two factorisations
+# at once then share the memory bus and each runs slower (batch 64 on two
+# cores with 1 MB of L2 each: 1.8x at 30x30, bands of 1.0 MB; 0.8x at 40x40,
+# 2.3 MB; 1.05x at 60x60, 7.5 MB).
+_SPREAD_BAND_BYTES = 1.5 * 2**20
 
 
-def _spread(live: list[int], work, flops_each: float) -> None:
-    """``work(i)`` for every ``i`` in ``live``, on every core at once.
+def _spread(live: list[int], work, flops_each: float, band_bytes: float) -> None:
+    """``work(i)`` for every ``i`` in ``live``, on every core where that pays.
 
     The samples are dealt round-robin to at most :func:`host_cores` threads
     (the calling one among them), each running OpenBLAS on one thread.  The
     ctypes calls release the interpreter lock, so the factorisations run in
     parallel; a shared pool keeps the total at the core count when several
-    devices call in at once.  An exception in any sample is raised here.
+    devices call in at once.  Small batches, small samples and bands larger
+    than a core's cache stay on the calling thread (the thresholds above).
+    An exception in any sample is raised here.
+
+    Args:
+        live: sample indices to work on.
+        work: ``i -> None``, run once per index.
+        flops_each: multiply-adds of one sample's work.
+        band_bytes: size of one sample's band.
     """
     cores = host_cores()
     ways = min(cores, len(live))
-    if flops_each < _SPREAD_FLOPS_EACH or flops_each * len(live) < _SPREAD_FLOPS:
+    if (flops_each < _SPREAD_FLOPS_EACH or flops_each * len(live) < _SPREAD_FLOPS
+            or band_bytes > _SPREAD_BAND_BYTES):
         ways = 1
 
     def run(chunk):
@@ -306,7 +320,7 @@ def factor(moduli: np.ndarray, free: np.ndarray) -> np.ndarray:
         if not _factor_one(out[i]):
             out[i] = np.nan
 
-    _spread([int(i) for i in np.flatnonzero(live)], one, _flops(n, width))
+    _spread([int(i) for i in np.flatnonzero(live)], one, _flops(n, width), 8.0 * n * width)
     return out
 
 
@@ -315,7 +329,8 @@ def _per_sample(one, fac: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     fac = np.ascontiguousarray(fac, dtype=np.float64)
     out = np.array(rhs, dtype=np.float64, order="C", copy=True)
     nb, n, width = fac.shape
-    _spread(list(range(nb)), lambda i: one(fac[i], out[i]), 4.0 * n * width * out.shape[1])
+    _spread(list(range(nb)), lambda i: one(fac[i], out[i]), 4.0 * n * width * out.shape[1],
+            8.0 * n * width)
     return out
 
 
@@ -373,7 +388,7 @@ def inverse_quadratic(fac: np.ndarray, dofs: np.ndarray, free: np.ndarray,
 
     # A sample without a free DOF is the identity: every unit vector zero.
     live = [i for i in range(nb) if free[i].any()]
-    _spread(live, one, 2.0 * n * fac.shape[2] * groups * per)
+    _spread(live, one, 2.0 * n * fac.shape[2] * groups * per, 8.0 * fac[0].size)
     return out
 
 
@@ -409,7 +424,7 @@ def factor_solve(moduli: np.ndarray, free: np.ndarray, rhs: np.ndarray) -> np.nd
             out[i] = np.nan
 
     live = [i for i in range(nb) if free[i].any()]
-    _spread(live, one, _flops(n, width))
+    _spread(live, one, _flops(n, width), 8.0 * n * width)
     return out
 
 
