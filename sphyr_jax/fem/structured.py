@@ -251,13 +251,19 @@ def diagonal_lattice(grid: StructuredGrid, moduli, free):
 def element_energy_lattice(grid: StructuredGrid, a, b):
     """$a_e^T K_e b_e$ (unit modulus) per element, (*cells, ...).
 
-    Written as the sum $\\sum_{ij} (K_e)_{ij}\\, a_i b_j$ with the entries of
-    $K_e$ as constants, so XLA fuses it into one loop over the cells and the
-    batch (no element matrix product is materialised).
+    Quadrilaterals: the sum $\\sum_{ij} (K_e)_{ij}\\, a_i b_j$ with the entries
+    of $K_e$ as constants, which XLA fuses into one loop over the cells and
+    the batch.  Hexahedra: $a_e \\cdot (K_e b_e)$ with one matrix product.
+    Their 576 constant terms, unrolled, made a kernel that XLA compiled in
+    about 3 s, once for each consumer it was fused into (the voxel yardstick
+    held four such copies: 29.6 s to compile, 20.7 s with the product).
     """
     ae = element_values_lattice(grid, a)
     be = element_values_lattice(grid, b)
     ke = grid.element.ke
+    if grid.dim == 3:
+        kb = jnp.tensordot(jnp.asarray(ke, be.dtype), be, axes=1)  # (24, *cells, ...)
+        return jnp.sum(ae * kb, axis=0)
     total = None
     for i in range(ke.shape[0]):
         row = None
