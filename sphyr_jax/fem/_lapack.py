@@ -141,9 +141,9 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 # A batch runs on the calling thread below this many multiply-adds in all, or
 # per sample ($n k^2$ for a factorisation): handing work to another thread and
 # back costs about 0.1 ms, and each sample's assembly holds the interpreter
-# lock.  Measured (factor + solve, two cores): 14x14 batches of 4 and 16x16
-# batches of 2 break even, 20x20 pairs gain 1.2x, batches of 64 1.2x at
-# 12x12, 1.6x at 20x20 and 1.9x at 30x30; 10x10 batches lose at every size.
+# lock.  Measured (factor + solve, two cores): pairs lose at 10x10 and 12x12
+# (0.6x, 0.8x), break even at 16x16 and gain 1.2-1.4x at 20x20; batches of
+# 64 gain 1.16x at 10x10, 1.5x at 12x12, 1.6x at 20x20, 1.7-1.9x at 30x30.
 _SPREAD_FLOPS = 3e6
 _SPREAD_FLOPS_EACH = 1e5
 # Nor is a batch spread whose bands outgrow a core's cache: two factorisations
