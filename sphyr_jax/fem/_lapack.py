@@ -131,10 +131,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_POOL.clear)
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
+def _pool() -> ThreadPoolExecutor:
     with _POOL_LOCK:
         if not _POOL:
-            _POOL.append(ThreadPoolExecutor(max(1, workers), "sphyr-lapack"))
+            _POOL.append(ThreadPoolExecutor(host_cores(), "sphyr-lapack"))
         return _POOL[0]
 
 
@@ -170,8 +170,7 @@ def _spread(live: list[int], work, flops_each: float, band_bytes: float) -> None
         flops_each: multiply-adds of one sample's work.
         band_bytes: size of one sample's band.
     """
-    cores = host_cores()
-    ways = min(cores, len(live))
+    ways = min(host_cores(), len(live))
     if (flops_each < _SPREAD_FLOPS_EACH or flops_each * len(live) < _SPREAD_FLOPS
             or band_bytes > _SPREAD_BAND_BYTES):
         ways = 1
@@ -184,7 +183,7 @@ def _spread(live: list[int], work, flops_each: float, band_bytes: float) -> None
     if ways == 1:
         run(live)
         return
-    futures = [_pool(cores).submit(run, live[w::ways]) for w in range(1, ways)]
+    futures = [_pool().submit(run, live[w::ways]) for w in range(1, ways)]
     try:
         run(live[0::ways])
     finally:
@@ -194,6 +193,11 @@ def _spread(live: list[int], work, flops_each: float, band_bytes: float) -> None
 
 def _flops(n: int, width: int) -> float:
     return float(n) * float(width) ** 2
+
+
+def _live(free: np.ndarray) -> list[int]:
+    """Samples with a free DOF (the others are the identity: no work)."""
+    return [int(i) for i in np.flatnonzero(free.any(axis=1))]
 
 
 def _c_int(v: int):
@@ -324,8 +328,7 @@ def factor(moduli: np.ndarray, free: np.ndarray) -> np.ndarray:
     weights = band_weights(moduli.shape[1:])
     width = weights.shape[1] // 2
     out = np.empty((nb, n, width))
-    live = free.any(axis=1)
-    for i in np.flatnonzero(~live):  # the identity
+    for i in np.flatnonzero(~free.any(axis=1)):  # the identity
         _assemble(moduli[i], free[i], weights, out[i])
 
     def one(i):
@@ -333,7 +336,7 @@ def factor(moduli: np.ndarray, free: np.ndarray) -> np.ndarray:
         if not _factor_one(out[i]):
             out[i] = np.nan
 
-    _spread([int(i) for i in np.flatnonzero(live)], one, _flops(n, width), 8.0 * n * width)
+    _spread(_live(free), one, _flops(n, width), 8.0 * n * width)
     return out
 
 
@@ -400,8 +403,7 @@ def inverse_quadratic(fac: np.ndarray, dofs: np.ndarray, free: np.ndarray,
         np.matmul(projected, projected.T, out=out[i])
 
     # A sample without a free DOF is the identity: every unit vector zero.
-    live = [i for i in range(nb) if free[i].any()]
-    _spread(live, one, 2.0 * n * fac.shape[2] * groups * per, 8.0 * fac[0].size)
+    _spread(_live(free), one, 2.0 * n * fac.shape[2] * groups * per, 8.0 * fac[0].size)
     return out
 
 
@@ -436,8 +438,7 @@ def factor_solve(moduli: np.ndarray, free: np.ndarray, rhs: np.ndarray) -> np.nd
         else:
             out[i] = np.nan
 
-    live = [i for i in range(nb) if free[i].any()]
-    _spread(live, one, _flops(n, width), 8.0 * n * width)
+    _spread(_live(free), one, _flops(n, width), 8.0 * n * width)
     return out
 
 
