@@ -230,11 +230,11 @@ def test_a_batch_spread_over_the_cores_equals_one_thread_bit_for_bit(monkeypatch
     threads = set()
     spread = _lapack._spread
 
-    def recording(live, work, flops_each, band_bytes):
+    def recording(live, work, flops_each):
         def one(i):
             threads.add(threading.get_ident())
             work(i)
-        spread(live, one, flops_each, band_bytes)
+        spread(live, one, flops_each)
 
     monkeypatch.setattr(_lapack, "_spread", recording)
     monkeypatch.setattr(_lapack, "_SPREAD_FLOPS", 0.0)
@@ -259,4 +259,4 @@ def test_a_batch_spread_over_the_cores_equals_one_thread_bit_for_bit(monkeypatch
             raise ValueError("sample 3 is broken")
 
     with pytest.raises(ValueError, match="sample 3 is broken"):
-        spread(list(range(nb)), broken, 1.0, 1.0)
+        spread(list(range(nb)), broken, 1.0)

@@ -144,35 +144,34 @@ def _pool() -> ThreadPoolExecutor:
 # lock.  Measured (factor + solve, two cores): pairs lose at 10x10 and 12x12
 # (0.6x, 0.8x), break even at 16x16 and gain 1.2-1.4x at 20x20; batches of
 # 64 gain 1.16x at 10x10, 1.5x at 12x12, 1.6x at 20x20, 1.7-1.9x at 30x30.
+# Larger bands gain as much (batches of 4 to 64, alternating runs: 1.7-1.9x
+# at 40x40, 1.6-1.8x at 60x60, 1.7x at 80x80, and 1.6-1.8x for their solves),
+# though each outgrows a core's 1 MB of L2: the blocked factorisation works
+# on a window of the band at a time.  Runs while another process held the
+# second core (seen as ratios near 1 in the same loops) gain nothing, lose
+# little.
 _SPREAD_FLOPS = 3e6
 _SPREAD_FLOPS_EACH = 1e5
-# Nor is a batch spread whose bands outgrow a core's cache: two factorisations
-# at once then share the memory bus and each runs slower (batch 64 on two
-# cores with 1 MB of L2 each: 1.8x at 30x30, bands of 1.0 MB; 0.8x at 40x40,
-# 2.3 MB; 1.05x at 60x60, 7.5 MB).
-_SPREAD_BAND_BYTES = 1.5 * 2**20
 
 
-def _spread(live: list[int], work, flops_each: float, band_bytes: float) -> None:
+def _spread(live: list[int], work, flops_each: float) -> None:
     """``work(i)`` for every ``i`` in ``live``, on every core where that pays.
 
     The samples are dealt round-robin to at most :func:`host_cores` threads
     (the calling one among them), each running OpenBLAS on one thread.  The
     ctypes calls release the interpreter lock, so the factorisations run in
     parallel; a shared pool keeps the total at the core count when several
-    devices call in at once.  Small batches, small samples and bands larger
-    than a core's cache stay on the calling thread (the thresholds above).
+    devices call in at once.  Small batches and small samples stay on the
+    calling thread (the thresholds above).
     An exception in any sample is raised here.
 
     Args:
         live: sample indices to work on.
         work: ``i -> None``, run once per index.
         flops_each: multiply-adds of one sample's work.
-        band_bytes: size of one sample's band.
     """
     ways = min(host_cores(), len(live))
-    if (flops_each < _SPREAD_FLOPS_EACH or flops_each * len(live) < _SPREAD_FLOPS
-            or band_bytes > _SPREAD_BAND_BYTES):
+    if flops_each < _SPREAD_FLOPS_EACH or flops_each * len(live) < _SPREAD_FLOPS:
         ways = 1
 
     def run(chunk):
@@ -336,7 +335,7 @@ def factor(moduli: np.ndarray, free: np.ndarray) -> np.ndarray:
         if not _factor_one(out[i]):
             out[i] = np.nan
 
-    _spread(_live(free), one, _flops(n, width), 8.0 * n * width)
+    _spread(_live(free), one, _flops(n, width))
     return out
 
 
@@ -345,8 +344,7 @@ def _per_sample(one, fac: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     fac = np.ascontiguousarray(fac, dtype=np.float64)
     out = np.array(rhs, dtype=np.float64, order="C", copy=True)
     nb, n, width = fac.shape
-    _spread(list(range(nb)), lambda i: one(fac[i], out[i]), 4.0 * n * width * out.shape[1],
-            8.0 * n * width)
+    _spread(list(range(nb)), lambda i: one(fac[i], out[i]), 4.0 * n * width * out.shape[1])
     return out
 
 
@@ -403,7 +401,7 @@ def inverse_quadratic(fac: np.ndarray, dofs: np.ndarray, free: np.ndarray,
         np.matmul(projected, projected.T, out=out[i])
 
     # A sample without a free DOF is the identity: every unit vector zero.
-    _spread(_live(free), one, 2.0 * n * fac.shape[2] * groups * per, 8.0 * fac[0].size)
+    _spread(_live(free), one, 2.0 * n * fac.shape[2] * groups * per)
     return out
 
 
@@ -438,7 +436,7 @@ def factor_solve(moduli: np.ndarray, free: np.ndarray, rhs: np.ndarray) -> np.nd
         else:
             out[i] = np.nan
 
-    _spread(_live(free), one, _flops(n, width), 8.0 * n * width)
+    _spread(_live(free), one, _flops(n, width))
     return out
 
 
