@@ -11,9 +11,9 @@ on the bottom row, a 0/1 answer, rows 1 .. N-2 masked), all in the same run:
   the reference method, ``benchmarks/reference_method.py`` (the published
   recipe in NumPy/SciPy, a sparse assembly and ``spsolve`` per solve), median
   over ``--reference_samples``;
-* **score_batch per sample**: the same completions of ``--samples`` new samples
-  scored in one ``sj.score_batch`` call (warm: a batch of the same size on
-  other samples ran first), divided by the count;
+* **score_batch per sample**: the completions (made the same way) of
+  ``--batch_samples`` new samples scored in one ``sj.score_batch`` call (warm:
+  a batch of the same size on other samples ran first), divided by the count;
 * **compliance, batch 64**: ``sj.compliance`` of 64 designs (the answers,
   tiled; the default solver for the size) in one call, warm median, beside an
   assembly + ``scipy.sparse.linalg.spsolve`` of the same systems one at a time,
@@ -27,7 +27,7 @@ on the bottom row, a 0/1 answer, rows 1 .. N-2 masked), all in the same run:
 Usage::
 
     python benchmarks/scaling.py [--sizes 10,20,30,40,60] [--samples 4]
-        [--reference_samples 2] [--json out.json]
+        [--reference_samples 2] [--batch_samples 16] [--json out.json]
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _flip(answer, input_grid, k: int = 2, seed: int = 0):
     return out
 
 
-def one_size(n: int, samples: int, reference_samples: int) -> dict:
+def one_size(n: int, samples: int, reference_samples: int, batch_samples: int) -> dict:
     """All figures of one grid size (run in a fresh process)."""
     import jax
     import numpy as np
@@ -74,7 +74,7 @@ def one_size(n: int, samples: int, reference_samples: int) -> dict:
     from sphyr_jax.fem.structured import get_grid
 
     sj.enable_x64()
-    records = make_samples(n, 2 * samples + 1)
+    records = make_samples(n, 2 * max(samples, batch_samples) + 1)
     completions = [_flip(r["ground_truth"], r["input_grid"], seed=i)
                    for i, r in enumerate(records)]
     items = [sj.ScoreItem(c, r["ground_truth"], r["input_grid"])
@@ -112,10 +112,12 @@ def one_size(n: int, samples: int, reference_samples: int) -> dict:
     out["reference_metric_s"] = statistics.median(ref_times) if ref_times else None
 
     # score_batch per sample: warm-up on other samples of the same batch size.
-    sj.score_batch(items[samples + 1:], sj.OptimumCache())
+    batch = items[1: batch_samples + 1]
+    sj.score_batch(items[batch_samples + 1: 2 * batch_samples + 1], sj.OptimumCache())
     t0 = time.perf_counter()
-    sj.score_batch(items[1: samples + 1], sj.OptimumCache())
-    out["score_batch_s_per_sample"] = (time.perf_counter() - t0) / samples
+    sj.score_batch(batch, sj.OptimumCache())
+    out["score_batch_s_per_sample"] = (time.perf_counter() - t0) / len(batch)
+    out["batch_samples"] = len(batch)
 
     # Batch-64 compliance beside SciPy.
     cases = [sj.load_case_from_grid(r["ground_truth"], r["input_grid"]) for r in records]
@@ -188,17 +190,20 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="10,20,30,40,60")
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--reference_samples", type=int, default=2)
+    parser.add_argument("--batch_samples", type=int, default=16)
     parser.add_argument("--json", type=pathlib.Path, default=None)
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one is not None:
-        print(json.dumps(one_size(args.one, args.samples, args.reference_samples)))
+        print(json.dumps(one_size(args.one, args.samples, args.reference_samples,
+                                  args.batch_samples)))
         return 0
     rows = []
     for n in (int(v) for v in args.sizes.split(",")):
         proc = subprocess.run([sys.executable, __file__, "--one", str(n), "--samples",
                                str(args.samples), "--reference_samples",
-                               str(args.reference_samples)],
+                               str(args.reference_samples), "--batch_samples",
+                               str(args.batch_samples)],
                               capture_output=True, text=True, cwd=REPO)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)

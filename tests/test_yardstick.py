@@ -79,6 +79,76 @@ def test_round_to_budget_keeps_ties_and_edges():
             reference_method.round_to_budget(x, mask, budget))
 
 
+def _bisection_problem(seed: int, slots: int = 12, nel: int = 150):
+    """Random optimality-criteria steps with the awkward slots: not live, no
+    sensitivity, a target above every design's volume, one below every design's."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+    x = np.where(rng.random((slots, nel)) < 0.2, rng.integers(0, 2, (slots, nel)),
+                 rng.random((slots, nel)))
+    scaled = rng.random((slots, nel)) * 10.0 ** rng.uniform(-3, 2, (slots, 1))
+    scaled[:, :5] *= 1e-20  # cells far beyond every multiplier tested
+    scaled[1] = 0.0
+    mask = rng.random((slots, nel)) < 0.9
+    dv = rng.uniform(0.5, 1.0, (slots, nel))
+    rest = rng.uniform(0.0, 5.0, slots)
+    move = 0.2
+    low, high = np.maximum(x - move, 0) * mask * dv, np.minimum(x + move, 1) * mask * dv
+    share = rng.uniform(0.1, 0.9, slots)
+    target = rest + (1 - share) * low.sum(axis=1) + share * high.sum(axis=1)
+    target[2], target[3] = rest[2] + 2.0 * nel, rest[3] - 1.0
+    live = np.ones(slots, bool)
+    live[4] = False
+
+    def volume(mid):
+        design = jnp.clip(jnp.clip(scaled / jnp.sqrt(mid)[:, None], x - move, x + move), 0, 1)
+        return jnp.sum(jnp.where(mask, dv * design, 0.0), axis=-1) + rest
+
+    return scaled, x, mask, dv, target, rest, move, live, volume
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_predicted_bisection_equals_the_published_one(seed):
+    """The bisection replayed from the Newton threshold ends on the same last
+    midpoint, bit for bit, as the published loop (a plain Python loop testing
+    the volume at every midpoint); a wrong threshold falls back to it."""
+    import jax
+    import jax.numpy as jnp
+
+    scaled, x, mask, dv, target, rest, move, live, volume = _bisection_problem(seed)
+    threshold = yardstick.multiplier_threshold(jnp.asarray(scaled), x, mask, dv, target, rest,
+                                               move)
+    vol = jax.jit(volume)
+    lo = np.full(target.shape, yardstick.BISECTION_BRACKET[0])
+    hi = np.full(target.shape, yardstick.BISECTION_BRACKET[1])
+    mid = 0.5 * (lo + hi)
+    while True:
+        go = ((hi - lo) / (lo + hi) > yardstick.BISECTION_TOL) & live
+        if not go.any():
+            break
+        mm = 0.5 * (lo + hi)
+        over = np.asarray(vol(mm)) > target
+        lo, hi, mid = (np.where(go & over, mm, lo), np.where(go & ~over, mm, hi),
+                       np.where(go, mm, mid))
+    # The threshold splits the multipliers as the volume test does.
+    threshold = np.asarray(threshold)
+    assert np.isinf(threshold[3]) and threshold[2] == 0.0
+    inner = live & np.isfinite(threshold) & (threshold > 0)
+    assert inner.sum() >= 8
+    below = np.where(inner, threshold * (1 - 1e-9), 1.0)
+    above = np.where(inner, threshold * (1 + 1e-9), 1.0)
+    assert np.all((np.asarray(vol(below)) > target)[inner])
+    assert np.all((np.asarray(vol(above)) <= target)[inner])
+
+    bisect = jax.jit(yardstick._bisect, static_argnums=0)
+    got = bisect(volume, target, live, threshold)
+    np.testing.assert_array_equal(np.asarray(got)[live], mid[live])
+    wrong = np.where(inner, 1.5 * threshold, threshold)  # every check fails: published loop
+    np.testing.assert_array_equal(np.asarray(bisect(volume, target, live, wrong))[live],
+                                  mid[live])
+
+
 # ----------------------------------------------------------------------------
 # Parity with the published figures.
 

@@ -160,6 +160,112 @@ def _energies(case: LoadCase, x, penal, live, u0=None):
     return sol.compliance, e.reshape(x.shape), sol.displacements
 
 
+def multiplier_threshold(scaled, x, mask, dv, target, rest, move, max_steps: int = 100):
+    r"""Where the published bisection's volume test changes sign, per slot (S,).
+
+    The optimality-criteria design at multiplier $\lambda$ is
+    $x_e(\lambda) = \mathrm{clip}(s_e / \sqrt{\lambda}, a_e, b_e)$ on design cells,
+    with $a_e = \max(x_e - m, 0)$, $b_e = \min(x_e + m, 1)$ and $s_e$ = ``scaled``;
+    its volume $V(t) = \sum_e dv_e\, \mathrm{clip}(s_e t, a_e, b_e) + r$ is
+    piecewise linear and non-decreasing in $t = \lambda^{-1/2}$.  A safeguarded
+    Newton iteration on $V(t) = $ ``target`` inside the bisection's bracket
+    (a geometric bisection step wherever Newton's would leave it; exact once
+    inside the right linear piece, so a few steps) returns $\lambda^*$ with
+    $V > $ target exactly where $\lambda < \lambda^*$, to rounding:
+    $+\infty$ where the design at the bracket's top is still over, 0 where
+    the one at its bottom is not.  Slots without a crossing, or not settled
+    after ``max_steps`` steps, return an estimate the caller's check rejects.
+
+    Args:
+        scaled, x: (S, nel) $s_e$ and the current design.
+        mask: (S, nel) design cells; dv: (S, nel) volume weights.
+        target, rest: (S,) volume target and the volume off the design cells.
+        move: move limit $m$.
+
+    Returns:
+        (S,) $\lambda^*$.
+    """
+    low = jnp.maximum(x - move, 0.0)
+    high = jnp.minimum(x + move, 1.0)
+    weight = jnp.where(mask, dv, 0.0)
+
+    def value_and_slope(t):
+        st = scaled * t[:, None]
+        inside = (st > low) & (st < high)
+        return (jnp.sum(weight * jnp.clip(st, low, high), axis=-1) + rest,
+                jnp.sum(jnp.where(inside, weight * scaled, 0.0), axis=-1))
+
+    def body(c):
+        lo, hi, t, k, done = c
+        v, slope = value_and_slope(t)
+        below = v <= target
+        lo = jnp.where(below & ~done, jnp.maximum(lo, t), lo)
+        hi = jnp.where(~below & ~done, jnp.minimum(hi, t), hi)
+        newton = t + (target - v) / jnp.where(slope > 0.0, slope, 1.0)
+        inside = (slope > 0.0) & (newton > lo) & (newton < hi)
+        finished = done | (jnp.abs(v - target) <= 1e-14 * jnp.abs(target)) | (
+            hi - lo <= 1e-15 * hi)
+        t = jnp.where(finished, t, jnp.where(inside, newton, jnp.sqrt(lo * hi)))
+        return lo, hi, t, k + 1, finished
+
+    # Only the bisection's bracket matters: outside it every test agrees.
+    t_lo = jnp.full(target.shape, BISECTION_BRACKET[1] ** -0.5)
+    t_hi = jnp.full(target.shape, BISECTION_BRACKET[0] ** -0.5)
+    v_lo, v_hi = value_and_slope(t_lo)[0], value_and_slope(t_hi)[0]
+    trivial = (v_lo > target) | (v_hi <= target)
+    _, _, t, _, _ = jax.lax.while_loop(
+        lambda c: jnp.any(~c[4]) & (c[3] < max_steps), body,
+        (t_lo, t_hi, jnp.sqrt(t_lo * t_hi), 0, trivial))
+    return jnp.where(v_lo > target, jnp.inf, jnp.where(v_hi <= target, 0.0, 1.0 / (t * t)))
+
+
+def _bisect(volume, target, live, threshold, unroll: int = 8):
+    r"""The published multiplier bisection: its last midpoint (S,).
+
+    From $[10^{-9}, 10^9]$ the midpoint replaces the lower end where the
+    design's volume is over ``target``, else the upper end, until the
+    relative width is :data:`BISECTION_TOL` (slots not ``live`` do not move).
+
+    The volume test is first *predicted* from ``threshold``
+    (:func:`multiplier_threshold`: over exactly where the midpoint is below
+    it) and the bisection replayed on the slots' scalars alone, ``unroll``
+    steps per loop pass.  The volume is monotone in the multiplier (every
+    operation in it is, in floating point too), and every midpoint tested
+    lies outside the final bracket, so checking the two final ends (over at
+    the lower end unless it never moved, not over at the upper one) proves
+    every predicted test equal to the real one.  Where that check fails the
+    bisection is run as published, testing the volume at every midpoint.
+    """
+    def step(c, over):
+        lo, hi, mid = c
+        go = ((hi - lo) / (lo + hi) > BISECTION_TOL) & live
+        mm = 0.5 * (lo + hi)
+        up = over(mm)
+        return (jnp.where(go & up, mm, lo), jnp.where(go & ~up, mm, hi), jnp.where(go, mm, mid))
+
+    def running(c):
+        return jnp.any(((c[1] - c[0]) / (c[0] + c[1]) > BISECTION_TOL) & live)
+
+    lo = jnp.full(target.shape, BISECTION_BRACKET[0])
+    hi = jnp.full(target.shape, BISECTION_BRACKET[1])
+    start = (lo, hi, 0.5 * (lo + hi))
+
+    def replay(c):
+        for _ in range(unroll):
+            c = step(c, lambda mm: mm < threshold)
+        return c
+
+    lo, hi, mid = jax.lax.while_loop(running, replay, start)
+    moved_lo, moved_hi = lo != BISECTION_BRACKET[0], hi != BISECTION_BRACKET[1]
+    proven = ~live | ((~moved_lo | (volume(lo) > target)) & (~moved_hi | (volume(hi) <= target)))
+
+    def published(_):
+        return jax.lax.while_loop(running, lambda c: step(c, lambda mm: volume(mm) > target),
+                                  start)[2]
+
+    return jax.lax.cond(jnp.all(proven), lambda _: mid, published, None)
+
+
 # ----------------------------------------------------------------------------
 # SIMP: every run of a batch in one while loop, over a pool of slots.
 
@@ -294,22 +400,10 @@ def _simp_runs(case: LoadCase, seed, active, static):
             cand = jnp.clip(scaled / jnp.sqrt(mid)[:, None], x - move, x + move)
             return jnp.where(m, jnp.clip(cand, 0.0, 1.0), p)
 
-        def open_(lo, hi):
-            return ((hi - lo) / (lo + hi) > BISECTION_TOL) & live
+        def volume(mid):
+            return jnp.sum(jnp.where(m, dvs * design_at(mid), 0.0), axis=-1) + rst
 
-        def body(c):
-            lo, hi, mid = c
-            go = open_(lo, hi)
-            mm = 0.5 * (lo + hi)
-            vol = jnp.sum(jnp.where(m, dvs * design_at(mm), 0.0), axis=-1) + rst
-            over = vol > tgt
-            return (jnp.where(go & over, mm, lo), jnp.where(go & ~over, mm, hi),
-                    jnp.where(go, mm, mid))
-
-        lo = jnp.full(x.shape[:1], BISECTION_BRACKET[0])
-        hi = jnp.full(x.shape[:1], BISECTION_BRACKET[1])
-        _, _, mid = jax.lax.while_loop(lambda c: jnp.any(open_(c[0], c[1])), body,
-                                       (lo, hi, 0.5 * (lo + hi)))
+        mid = _bisect(volume, tgt, live, multiplier_threshold(scaled, x, m, dvs, tgt, rst, move))
         new = design_at(mid)
         return new, jnp.where(m, apply_stencil(new, idx, w) / hs, p)
 
