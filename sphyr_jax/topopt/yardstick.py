@@ -236,15 +236,19 @@ def _bisect(volume, target, live, threshold, unroll: int = 8):
     every predicted test equal to the real one.  Where that check fails the
     bisection is run as published, testing the volume at every midpoint.
     """
+    def open_(c):
+        lo, hi, _ = c
+        return ((hi - lo) / (lo + hi) > BISECTION_TOL) & live
+
     def step(c, over):
         lo, hi, mid = c
-        go = ((hi - lo) / (lo + hi) > BISECTION_TOL) & live
+        go = open_(c)
         mm = 0.5 * (lo + hi)
         up = over(mm)
         return (jnp.where(go & up, mm, lo), jnp.where(go & ~up, mm, hi), jnp.where(go, mm, mid))
 
     def running(c):
-        return jnp.any(((c[1] - c[0]) / (c[0] + c[1]) > BISECTION_TOL) & live)
+        return jnp.any(open_(c))
 
     lo = jnp.full(target.shape, BISECTION_BRACKET[0])
     hi = jnp.full(target.shape, BISECTION_BRACKET[1])
