@@ -336,3 +336,37 @@ def test_exact_polish_agrees_with_the_low_rank_polish():
         np.asarray(fea.compliance(cases, np.asarray(xb).reshape((nb,) + cases.shape))),
         np.asarray(cb), rtol=1e-12)
     np.testing.assert_array_equal(np.asarray(xb).sum(1), x.sum(1))  # swaps keep the budget
+
+
+def test_a_group_of_completions_is_analysed_as_each_alone():
+    """score_batch analyses a group's distinct designs, answers and all-solid
+    grids as rows of one call; each completion's figures equal
+    ``fea.analyze`` of its design alone (which solves the solid grid beside
+    it): several samples, repeated designs, one that carries no load."""
+    import random
+
+    from sphyr_jax.fem import fea
+    from sphyr_jax.scoring import metrics
+    from sphyr_jax.scoring.validation import probe_completions
+
+    lines = (REPO / "data" / "dataset" / "full_easy.jsonl").read_text().splitlines()[:3]
+    records = [json.loads(line) for line in lines]
+    rng = random.Random(3)
+    items = []
+    for rec in records:
+        probes = probe_completions(rec["ground_truth"], rng, hard=False)
+        items += [ScoreItem(c, rec["ground_truth"], rec["input_grid"]) for c in probes.values()]
+    items.append(items[1])  # a repeated design
+    scored = score_batch(items, OptimumCache())
+    assert not all(m.load_carrying for m in scored)  # the empty probe carries nothing
+    for item, m in zip(items, scored, strict=True):
+        samples: list = []
+        prepared = metrics._prepare(item, None, samples, {})
+        case = samples[0].case
+        alone = fea.analyze(case, prepared.out_rho)
+        answer = fea.analyze(case, samples[0].gt_rho)
+        assert m.compliance == pytest.approx(float(alone.compliance), rel=1e-12)
+        assert m.load_carrying == bool(alone.load_carrying)
+        assert m.max_displacement == pytest.approx(float(alone.max_displacement), rel=1e-12)
+        assert m.volume_fraction == float(alone.volume_fraction)
+        assert m.ground_truth_compliance == pytest.approx(float(answer.compliance), rel=1e-12)

@@ -63,12 +63,17 @@ def dataset(dim: int = 2) -> str:
 
 def setup() -> None:
     """Process-wide start-up; must run before JAX initialises its backends."""
-    from sphyr_jax.runtime import enable_compilation_cache, enable_x64
+    from sphyr_jax.runtime import (
+        enable_compilation_cache,
+        enable_x64,
+        release_memory_after_compiles,
+    )
     from sphyr_jax.sharding import configure_host_devices
 
     configure_host_devices(FLAGS.cpu_devices)
     enable_x64()
     enable_compilation_cache(FLAGS.compilation_cache_dir)  # '' leaves it off
+    release_memory_after_compiles()
 
 
 def progress():

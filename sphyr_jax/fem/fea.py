@@ -70,7 +70,8 @@ SINGULARITY_RATIO = 1e3  # load_carrying iff c <= ratio * solid compliance
 __all__ = [
     "CG", "RESULTS", "SINGULARITY_RATIO", "Analysis", "Banded", "Dense", "Multigrid",
     "Solution", "Solver", "analyze", "as_solver", "compliance", "default_solver",
-    "dense_stiffness", "element_strain_energy", "enable_x64", "require_x64", "result_name",
+    "dense_stiffness", "element_strain_energy", "enable_x64", "load_carrying", "require_x64",
+    "result_name",
     "simp_moduli", "solve",
 ]
 
@@ -241,6 +242,15 @@ class Analysis(eqx.Module):
         return self.result == RESULTS.successful
 
 
+def load_carrying(compliance_, solid_compliance) -> jax.Array:
+    r"""Whether designs carry their load: compliance finite and
+    $c \le$ :data:`SINGULARITY_RATIO` $\times$ the all-solid grid's (any
+    shapes that broadcast; NumPy in, NumPy out, with nothing to compile)."""
+    xp = np if all(isinstance(a, np.ndarray) for a in (compliance_, solid_compliance)) else jnp
+    return (xp.isfinite(compliance_) & xp.isfinite(solid_compliance)
+            & (compliance_ <= SINGULARITY_RATIO * solid_compliance))
+
+
 def _analyze_impl(load_case, densities, penal, solver, throw=False,
                   solid_compliance=None) -> Analysis:
     densities = jnp.asarray(densities, dtype=jnp.float64)
@@ -265,11 +275,7 @@ def _analyze_impl(load_case, densities, penal, solver, throw=False,
         solid = jnp.broadcast_to(jnp.asarray(solid_compliance, jnp.float64), batch)
     u = u[:, :nb].T.reshape(batch + (-1, load_case.ndim))
     max_disp = jnp.max(jnp.sqrt(jnp.sum(u * u, axis=-1)), axis=-1)
-    carrying = (
-        jnp.isfinite(compliance_)
-        & jnp.isfinite(solid)
-        & (compliance_ <= SINGULARITY_RATIO * solid)
-    )
+    carrying = load_carrying(compliance_, solid)
     rho = jnp.clip(jnp.where(jnp.isfinite(densities), densities, 0.0), 0.0, 1.0)
     vf = jnp.broadcast_to(jnp.mean(rho, axis=_grid_axes(load_case)), compliance_.shape)
     out = Analysis(

@@ -166,6 +166,50 @@ def analyze_batch(load_case: LoadCase, densities, num_devices: int | None = None
     return jax.tree.map(lambda a: np.asarray(a)[:nb], res)
 
 
+def _analyze_group(stacked: LoadCase, answers, designs, num_devices):
+    """Analyses of one shape group's answers and designs, in one batched call.
+
+    Every distinct design of a sample (identical ones are analysed once), each
+    sample's answer and its all-solid grid are rows of one call of one
+    program (whatever the mix, so a new mix never compiles again); the solid
+    rows give the samples' solid compliances, and with them the designs'
+    ``load_carrying``.
+
+    Args:
+        stacked: the group's distinct samples' load cases, batch-first (S, ...).
+        answers: S dataset answers (densities).
+        designs: ``(sample, densities)`` per completion.
+
+    Returns:
+        ``(answers', designs')``: :class:`~sphyr_jax.fem.fea.Analysis` of NumPy
+        arrays, (S,) and (len(designs),).
+    """
+    rows: dict = {}
+    owners, grids = [], []
+
+    def row(sample, rho):
+        key = (sample, rho.tobytes())
+        if key not in rows:
+            rows[key] = len(grids)
+            owners.append(sample)
+            grids.append(rho)
+        return rows[key]
+
+    of_designs = np.array([row(k, rho) for k, rho in designs], dtype=int)
+    of_answers = np.array([row(k, rho) for k, rho in enumerate(answers)], dtype=int)
+    of_solid = np.array([row(k, np.ones_like(rho)) for k, rho in enumerate(answers)], dtype=int)
+    owners = np.array(owners)
+    # The solid compliance is not known yet: +inf stands in, and load_carrying
+    # is recomputed below from the solid rows.
+    res = analyze_batch(jax.tree.map(lambda a: np.asarray(a)[owners], stacked), np.stack(grids),
+                        num_devices, solid_compliance=np.full(len(grids), np.inf))
+    solid = res.compliance[of_solid][owners]
+    res = dataclasses.replace(res, solid_compliance=solid,
+                              load_carrying=fea.load_carrying(res.compliance, solid))
+    return (jax.tree.map(lambda a: a[of_answers], res),
+            jax.tree.map(lambda a: a[of_designs], res))
+
+
 @dataclasses.dataclass
 class _Sample:
     """What scoring needs of one sample (shared by all its completions)."""
@@ -361,30 +405,9 @@ def score_batch(
         owner = np.array([local[prepared[i].sample] for i in idx])
         cases = [s.case for s in distinct]
         stacked = stack_load_cases(cases)
-        # Identical designs of one sample are analysed once.
-        first: dict = {}
-        which = np.array([first.setdefault((prepared[i].sample, prepared[i].out_rho.tobytes()),
-                                           len(first)) for i in idx])
-        unique = np.unique(which, return_index=True)[1]  # first item of each design
-        n = len(unique)
-        designs = np.stack([prepared[idx[j]].out_rho for j in unique])
-        answers = np.stack([s.gt_rho for s in distinct])
-        if n <= 2 * len(distinct):
-            # Completions and dataset answers in one batched call (each with its
-            # all-solid grid).
-            both = analyze_batch(
-                jax.tree.map(lambda a, own=owner[unique]: np.concatenate([a[own], a]), stacked),
-                np.concatenate([designs, answers]), num_devices)
-            out = jax.tree.map(lambda a, n=n, which=which: a[:n][which], both)
-            gt_distinct = jax.tree.map(lambda a, n=n: a[n:], both)
-        else:
-            # Many designs per sample (a GRPO group): the all-solid grid, which
-            # depends on the sample only, is solved once, with its answer.
-            gt_distinct = analyze_batch(stacked, answers, num_devices)
-            rows = owner[unique]
-            out = analyze_batch(jax.tree.map(lambda a, rows=rows: a[rows], stacked), designs,
-                                num_devices, solid_compliance=gt_distinct.solid_compliance[rows])
-            out = jax.tree.map(lambda a, which=which: a[which], out)
+        gt_distinct, out = _analyze_group(
+            stacked, [s.gt_rho for s in distinct],
+            [(local[prepared[i].sample], prepared[i].out_rho) for i in idx], num_devices)
         gt = jax.tree.map(lambda a, owner=owner: a[owner], gt_distinct)
         if progress is not None:
             progress("analysis", len(idx), len(idx))
