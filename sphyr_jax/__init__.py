@@ -47,7 +47,12 @@ from sphyr_jax.problem.loadcase import (
     record_gravity,
     stack_load_cases,
 )
-from sphyr_jax.runtime import enable_compilation_cache, enable_x64, require_x64
+from sphyr_jax.runtime import (
+    enable_compilation_cache,
+    enable_x64,
+    release_memory_after_compiles,
+    require_x64,
+)
 from sphyr_jax.scoring.metrics import (
     STRUCTURAL_METRIC_KEYS,
     CompletionMetrics,
@@ -113,6 +118,7 @@ __all__ = [
     "element_strain_energy",
     "enable_compilation_cache",
     "enable_x64",
+    "release_memory_after_compiles",
     "extract_grid",
     "format_design",
     "get_structural_metrics",

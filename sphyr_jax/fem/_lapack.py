@@ -17,6 +17,10 @@ program's buffers read in place), so this serves CPU programs, on one device
 or several at once; elsewhere the XLA factorisation is used
 (:class:`~sphyr_jax.fem.solvers.Banded`).
 
+The band is assembled for 2D and voxel grids alike (:func:`band_weights`):
+the banded solver factors 2D grids, and the multigrid CG's direct fallback
+(:mod:`sphyr_jax.fem.multigrid`) factors the voxel samples whose CG failed.
+
 Storage (per sample, C order): the factor is ``(n, k + 1)`` with
 ``F[j, d] = L[j + d, j]`` for the half-bandwidth $k$ (LAPACK's lower band
 storage, column major).  Arrays cross the boundary batch-*first*.
