@@ -22,7 +22,9 @@ on the bottom row, a 0/1 answer, rows 1 .. N-2 masked), all in the same run:
   default solver follows;
 * **peak RSS** of the process after the metric alone, and after the entry
   points a user calls (the metric, ``score_batch`` and ``sj.compliance``),
-  before the other methods of the crossover columns compile.
+  before the other methods of the crossover columns compile.  The samples
+  are drawn and cached by a process of their own first (each is a SIMP run),
+  so the figure is the scorer's.
 
 Usage::
 
@@ -61,6 +63,11 @@ def _flip(answer, input_grid, k: int = 2, seed: int = 0):
     return out
 
 
+def sample_count(samples: int, batch_samples: int) -> int:
+    """Samples one size draws: the metric's and ``score_batch``'s, each with a warm-up."""
+    return 2 * max(samples, batch_samples) + 1
+
+
 def one_size(n: int, samples: int, reference_samples: int, batch_samples: int) -> dict:
     """All figures of one grid size (run in a fresh process)."""
     import jax
@@ -74,7 +81,7 @@ def one_size(n: int, samples: int, reference_samples: int, batch_samples: int) -
     from sphyr_jax.fem.structured import get_grid
 
     sj.enable_x64()
-    records = make_samples(n, 2 * max(samples, batch_samples) + 1)
+    records = make_samples(n, sample_count(samples, batch_samples))
     completions = [_flip(r["ground_truth"], r["input_grid"], seed=i)
                    for i, r in enumerate(records)]
     items = [sj.ScoreItem(c, r["ground_truth"], r["input_grid"])
@@ -195,18 +202,28 @@ def main(argv=None) -> int:
     parser.add_argument("--batch_samples", type=int, default=16)
     parser.add_argument("--json", type=pathlib.Path, default=None)
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.one is not None and args.prepare:
+        from scaling_problems import samples as make_samples
+
+        make_samples(args.one, sample_count(args.samples, args.batch_samples))
+        return 0
     if args.one is not None:
         print(json.dumps(one_size(args.one, args.samples, args.reference_samples,
                                   args.batch_samples)))
         return 0
     rows = []
     for n in (int(v) for v in args.sizes.split(",")):
-        proc = subprocess.run([sys.executable, __file__, "--one", str(n), "--samples",
-                               str(args.samples), "--reference_samples",
-                               str(args.reference_samples), "--batch_samples",
-                               str(args.batch_samples)],
-                              capture_output=True, text=True, cwd=REPO)
+        common = [sys.executable, __file__, "--one", str(n), "--samples", str(args.samples),
+                  "--batch_samples", str(args.batch_samples)]
+        # The samples are drawn (a SIMP run each, gigabytes at 60x60) and cached
+        # in a process of their own, so the measuring process's peak memory is
+        # the scorer's.
+        proc = subprocess.run(common + ["--prepare"], capture_output=True, text=True, cwd=REPO)
+        if proc.returncode == 0:
+            proc = subprocess.run(common + ["--reference_samples", str(args.reference_samples)],
+                                  capture_output=True, text=True, cwd=REPO)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)
             return 1
