@@ -71,47 +71,6 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | Non
 
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-
-
-@functools.cache
-def _malloc_trim():
-    """glibc's ``malloc_trim``, or None where the C library has none."""
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    except OSError:
-        return None
-
-
-def release_heap() -> bool:
-    """Return the C heap's free pages to the system now (glibc ``malloc_trim``).
-
-    Returns:
-        Whether the C library could (False where it has no ``malloc_trim``).
-    """
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
-
-
-def _trim_after_compile(event: str, duration: float, **_) -> None:
-    if event == BACKEND_COMPILE_EVENT:
-        release_heap()
-
-
-def release_memory_after_compiles() -> None:
-    """After every XLA compilation, give the heap's free pages back (call once).
-
-    XLA's CPU compiler builds every kernel of a program before it frees them
-    all, and glibc keeps the freed pages in its per-thread heaps: after the
-    voxel yardstick's compilation (about 1.2 GB of scratch) the process stayed
-    about 0.8 GB larger than it needed for the rest of its life, and the
-    programs' buffers then grew on top.  Trimming costs milliseconds a
-    compilation and changes no result.
-    """
-    jax.monitoring.register_event_duration_secs_listener(_trim_after_compile)
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
@@ -150,3 +109,51 @@ class CompileCounter:
     def __exit__(self, *exc) -> None:
         jax.monitoring.unregister_event_duration_listener(self._on_duration)
         jax.monitoring.unregister_event_listener(self._on_event)
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return None
+
+
+def release_heap() -> bool:
+    """Return the C heap's free pages to the system now (glibc ``malloc_trim``).
+
+    Returns:
+        Whether the C library could (False where it has no ``malloc_trim``).
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+_trimming = False  # whether the listener is registered
+
+
+def _trim_after_compile(event: str, duration: float, **_) -> None:
+    if event == BACKEND_COMPILE_EVENT:
+        release_heap()
+
+
+def release_memory_after_compiles() -> None:
+    """After every XLA compilation, give the heap's free pages back (once per
+    process, however often called).
+
+    XLA's CPU compiler builds every kernel of a program before it frees them
+    all, and glibc keeps the freed pages in its per-thread heaps: after the
+    voxel yardstick's compilation (about 1.2 GB of scratch) the process stayed
+    about 0.8 GB larger than it needed for the rest of its life, and the
+    programs' buffers then grew on top.  Trimming costs milliseconds a
+    compilation and changes no result.
+    """
+    global _trimming
+    if not _trimming:
+        jax.monitoring.register_event_duration_secs_listener(_trim_after_compile)
+        _trimming = True

@@ -79,3 +79,4 @@ def test_a_compilation_hands_the_free_pages_back():
             done()
     finally:
         jax.monitoring.unregister_event_duration_listener(runtime._trim_after_compile)
+        runtime._trimming = False

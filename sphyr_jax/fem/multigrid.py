@@ -208,21 +208,19 @@ def _with_fallback(grid, moduli, free, rhs, x, converged):
     matrix in the program.  Elsewhere :func:`direct_solve`, one sample at a
     time.
     """
-    if jax.default_backend() == "cpu":
-        def fix(_):
-            failed = free * (1.0 - converged.astype(free.dtype))
-            direct = _lapack.jax_factor_solve(moduli, failed, rhs.T[:, None, :])[:, 0].T
-            return jnp.where(converged, x, direct)
-    else:
-        def fix(_):
-            def one(args):
-                ok, m, f, b, xi = args
-                return jax.lax.cond(ok, lambda: xi, lambda: direct_solve(grid, m, f, b))
+    def on_host(_):
+        failed = free * (1.0 - converged.astype(free.dtype))
+        direct = _lapack.jax_factor_solve(moduli, failed, rhs.T[:, None, :])[:, 0].T
+        return jnp.where(converged, x, direct)
 
-            cols = jax.lax.map(one, (converged, jnp.moveaxis(moduli, -1, 0), free.T, rhs.T,
-                                     x.T))
-            return cols.T
+    def one_by_one(_):
+        def one(args):
+            ok, m, f, b, xi = args
+            return jax.lax.cond(ok, lambda: xi, lambda: direct_solve(grid, m, f, b))
 
+        return jax.lax.map(one, (converged, jnp.moveaxis(moduli, -1, 0), free.T, rhs.T, x.T)).T
+
+    fix = on_host if jax.default_backend() == "cpu" else one_by_one
     return jax.lax.cond(jnp.all(converged), lambda _: x, fix, None)
 
 
