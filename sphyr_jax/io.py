@@ -215,6 +215,48 @@ def atomic_write_files(contents: Mapping[PathLike, str], encoding: str = "utf-8"
         _fsync_dir(directory)
 
 
+def _missing_dirs(directory: str) -> list[str]:
+    """The directories ``os.makedirs(directory)`` would create, deepest first."""
+    missing = []
+    current = os.path.abspath(directory)
+    while not os.path.exists(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return missing
+
+
+def commit_files(contents: Mapping[PathLike, str], encoding: str = "utf-8") -> None:
+    """Write several text files all or nothing, creating their folders.
+
+    As :func:`atomic_write_files`, after creating every missing folder the
+    targets need (parents included).  On failure no target is changed and the
+    folders this call created are removed again (those still empty).
+
+    Args:
+        contents: mapping from target path to its new text.
+        encoding: text encoding.
+
+    Raises:
+        OSError: if a folder or a file cannot be written; nothing is then changed.
+    """
+    folders = sorted({os.path.dirname(os.path.abspath(os.fspath(p))) for p in contents})
+    created: list[str] = []
+    try:
+        for folder in folders:
+            missing = _missing_dirs(folder)
+            os.makedirs(folder, exist_ok=True)
+            created.extend(missing)
+        atomic_write_files(contents, encoding)
+    except BaseException:
+        for folder in sorted(created, key=len, reverse=True):  # deepest first
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
+
+
 def _backup(path: str) -> str | None:
     """A hidden second name for an existing file (None if there is no file)."""
     if not os.path.exists(path):

@@ -9,6 +9,7 @@ from sphyr_jax import extract_grid
 from sphyr_jax.data.datasets import is_hard, list_subjects, load_subject
 from sphyr_jax.data.generate import GRAVITY_FILE, render_raw_csv, write_subjects_from_raw
 from sphyr_jax.evaluation import baselines
+from sphyr_jax.evaluation.prompts import build_prompt
 from sphyr_jax.io import read_json
 from sphyr_jax.problem.grids import grid_to_text
 
@@ -72,6 +73,9 @@ def test_prompts_hold_the_input_grid_and_the_right_instructions(dataset, results
         assert grid_to_text(record["input_grid"]) in row["prompt"]
         assert row["ground_truth"] == grid_to_text(record["ground_truth"])
         assert ("one decimal" in row["prompt"]) == is_hard(subject)
+        # No load direction stored: the benchmark's own (published) prompt.
+        assert row["prompt"] == build_prompt(record["input_grid"], subject)
+        assert row["prompt"].startswith("You are given a structural material distribution")
 
 
 @pytest.mark.parametrize("subject", ["full_easy", "full_hard", "5_random_cell_easy",
@@ -118,7 +122,7 @@ def test_gravity_is_carried_into_results(tmp_path):
     baselines.write_baseline_results(tmp_path / "data", tmp_path / "res", models=("solid",))
     rows = read_json(tmp_path / "res" / "solid" / "full_easy_results.json")
     assert [r["gravity_dir"] for r in rows] == [gravity[str(i)] for i in range(3)]
-    assert "to the left" in rows[0]["prompt"] and "upwards" in rows[1]["prompt"]
+    assert "pulls to the left" in rows[0]["prompt"] and "pulls straight up" in rows[1]["prompt"]
     for row, record in zip(rows, load_subject(tmp_path / "data", "full_easy"), strict=True):
         assert extract_grid(row["prompt"]) == record["input_grid"]
 

@@ -20,7 +20,7 @@ from test_generate_v2 import scipy_compliance
 from sphyr_jax.app import common
 from sphyr_jax.data.datasets import DatasetError, dataset_source, load_subject
 from sphyr_jax.errors import UserInputError
-from sphyr_jax.evaluation.baselines import make_prompt
+from sphyr_jax.evaluation.baselines import baseline_prompt
 from sphyr_jax.problem.grids import InvalidProblemError, grid_to_text
 from sphyr_jax.problem.loadcase import check_gravity, direction_words, record_gravity
 from sphyr_jax.scoring import validation
@@ -65,9 +65,10 @@ def test_direction_words():
     for bad in ([0.5, 1], [0, 0], "down", [1]):
         with pytest.raises(InvalidProblemError):
             direction_words(bad)
-    prompt = make_prompt([["L", "V"], ["S", "0"]], hard=False, gravity_dir=[-1, 1])
-    assert "The load pushes up and to the right." in prompt
-    assert "pushes downwards" in make_prompt([["L", "V"], ["S", "0"]], hard=False)
+    record = {"input_grid": [["L", "V"], ["S", "0"]]}
+    prompt = baseline_prompt({**record, "gravity_dir": [-1, 1]}, "full_easy")
+    assert "The load on the 'L' cells pulls up and to the right (row, column step [-1, 1])." in prompt
+    assert "pulls" not in baseline_prompt(record, "full_easy")  # the published prompt
 
 
 def test_loader_keeps_and_checks_the_direction(tmp_path):

@@ -98,7 +98,7 @@ from sphyr_jax.data.datasets import (
     load_subject,
 )
 from sphyr_jax.errors import UserInputError
-from sphyr_jax.io import atomic_write_files, atomic_write_text
+from sphyr_jax.io import atomic_write_text, commit_files
 from sphyr_jax.problem.grids import LOAD, MASK, SUPPORT, grid_to_text
 from sphyr_jax.problem.symmetry import turn_records
 
@@ -539,18 +539,6 @@ def render_subject(records: Sequence[Mapping], fmt: str = "jsonl") -> str:
     raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
 
 
-def _created_dirs(directory: pathlib.Path) -> list[pathlib.Path]:
-    """The directories ``makedirs(directory)`` would create, deepest first."""
-    missing = []
-    current = directory.absolute()
-    while not current.exists():
-        missing.append(current)
-        if current.parent == current:
-            break
-        current = current.parent
-    return missing
-
-
 def write_subjects(
     subjects: Mapping[str, Sequence[Mapping]], output_dir, fmt: str = "jsonl"
 ) -> dict[str, int]:
@@ -573,28 +561,8 @@ def write_subjects(
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     output = pathlib.Path(output_dir)
     texts = {output / f"{name}.{fmt}": render_subject(recs, fmt) for name, recs in subjects.items()}
-    commit_files(texts, output)
+    commit_files(texts)
     return {name: len(recs) for name, recs in subjects.items()}
-
-
-def commit_files(texts, directory) -> None:
-    """Create ``directory`` (and parents) and write ``texts`` all or nothing.
-
-    On failure no target is changed and the folders this call created are
-    removed again.
-    """
-    directory = pathlib.Path(directory)
-    created = _created_dirs(directory)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_files(texts)
-    except BaseException:
-        for folder in created:
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-        raise
 
 
 def list_raw_files(raw_dir, order: str = "name", dim: int | None = None) -> list[pathlib.Path]:

@@ -33,8 +33,11 @@ import os
 import pathlib
 import re
 import tempfile
+import zlib
 from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
 
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.io import CorruptFileError, read_json, read_jsonl_numbered
@@ -138,6 +141,16 @@ def is_hard(subject: str) -> bool:
             return False
     raise DatasetError(
         f"not a subject name (expected <variant>_easy|_hard[_3d]): {subject!r}")
+
+
+def subject_rng(seed: int, subject: str) -> np.random.Generator:
+    """The random stream of one subject: NumPy's generator seeded with ``[seed, crc32(subject)]``.
+
+    It depends on the seed and the subject's name alone, so a subject's draws
+    (the v2 masks, the ``random`` baseline's fills) do not change when other
+    subjects are added, dropped or reordered.
+    """
+    return np.random.default_rng([int(seed), zlib.crc32(subject.encode("utf-8"))])
 
 
 def _gravity(value, where: str, ndim: int = 2) -> list:

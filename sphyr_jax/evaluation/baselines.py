@@ -4,7 +4,8 @@ Each baseline answers every record of every subject of a dataset folder and is
 written like a real model's results: ``<results_root>/<model>/<subject>_results.json``,
 a JSON list of ``{"subject", "prompt", "ground_truth", "completion"}`` records
 (plus ``"gravity_dir"`` when the dataset record has one), grids as
-newline/space text.  The baselines:
+newline/space text, the prompt the benchmark's own (:func:`baseline_prompt`).
+The baselines:
 
 * ``empty``: every ``V`` cell becomes ``0`` (``0.0`` in hard subjects);
 * ``solid``: every ``V`` cell becomes ``1`` (``1.0``);
@@ -29,13 +30,14 @@ from __future__ import annotations
 
 import json
 import pathlib
-import zlib
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import numpy as np
 
-from sphyr_jax.data.datasets import is_hard, list_subjects, load_subject
-from sphyr_jax.io import atomic_write_files
+from sphyr_jax.data.datasets import is_hard, list_subjects, load_subject, subject_rng
+from sphyr_jax.evaluation.prompts import PromptSpec, build_prompt
+from sphyr_jax.io import commit_files
 from sphyr_jax.problem.grids import (
     MASK,
     as_grid,
@@ -43,49 +45,34 @@ from sphyr_jax.problem.grids import (
     grid_to_text,
     parse_number,
 )
-from sphyr_jax.problem.loadcase import direction_words
 
+Baseline = Literal["empty", "solid", "random", "copy_input", "answer"]
 MODELS = ("empty", "solid", "random", "copy_input")
 ANSWER = "answer"  # opt-in: the dataset answer itself, the ceiling a model can reach
-_DIRECTION_WORDS = {(1, 0): "downwards", (-1, 0): "upwards", (0, -1): "to the left",
-                    (0, 1): "to the right"}
+_DEFAULT_SPEC = PromptSpec()
+_DIRECTION_SPEC = PromptSpec(style="load_direction")
 
 
-def make_prompt(input_grid, hard: bool, gravity_dir=None) -> str:
-    """A task description followed by the input grid as text.
+def baseline_prompt(record: dict, subject: str, spec: PromptSpec | None = None) -> str:
+    """The prompt stored with a baseline's answer to one dataset record.
 
-    The grid is the only grid-like block of the prompt, so
-    :func:`sphyr_jax.extract_grid` reads it back.
+    Built by :func:`sphyr_jax.evaluation.prompts.build_prompt`, the prompt
+    every model is shown: by default the published prompt, or its
+    ``load_direction`` style when the record carries its own ``gravity_dir``
+    (the published prompt cannot name a diagonal or upward load).  Its last
+    grid is the input grid, so :func:`sphyr_jax.extract_grid` reads it back.
 
     Args:
-        input_grid: the masked grid (token lists or text).
-        hard: ask for one-decimal densities instead of 0/1.
-        gravity_dir: optional (row, col) load direction to mention.
+        record: a dataset record (``input_grid``, optional ``gravity_dir``).
+        subject: the subject name (sets the fill rule).
+        spec: another prompt configuration for every record (its rotations
+            and few-shot count are ignored: the baseline answers the record
+            as stored).
     """
-    if hard:
-        values = ("a density between 0.0 and 1.0 written with exactly one decimal "
-                  "(0.0 for no material, 1.0 for full material)")
-    else:
-        values = "either 1 for solid material or 0 for no material"
-    direction = "downwards (towards the bottom of the grid)"
-    if gravity_dir is not None:
-        key = tuple(int(v) for v in gravity_dir)
-        direction = _DIRECTION_WORDS.get(key) or direction_words(gravity_dir)
-    return (
-        "The grid below describes a two-dimensional structure cut into square cells.\n"
-        "Legend: L marks a cell where the load acts, S marks a supported (fixed) cell, "
-        "V marks a hidden cell whose value you must decide, and a number gives the "
-        "amount of material in a cell.\n"
-        f"The load pushes {direction}.\n"
-        f"Replace every V with {values}, so that the finished structure carries the "
-        "load into the supports as stiffly as possible while spending little material.\n"
-        "Leave all other cells exactly as they are.\n"
-        "\n"
-        f"{grid_to_text(input_grid)}\n"
-        "\n"
-        "Answer with the completed grid only: the same number of rows and columns, "
-        "one row per line, cells separated by single spaces.\n"
-    )
+    gravity = record.get("gravity_dir")
+    if spec is None:
+        spec = _DEFAULT_SPEC if gravity is None else _DIRECTION_SPEC
+    return build_prompt(record["input_grid"], subject, spec, (), gravity)
 
 
 def _is_cell(value) -> bool:
@@ -124,7 +111,7 @@ def fill_masked(input_grid, token: str) -> list:
     return fill_cells(grid, np.full(check_rectangular(grid), token, dtype=object))
 
 
-def complete(model: str, input_grid, hard: bool, rng: np.random.Generator | None = None):
+def complete(model: Baseline, input_grid, hard: bool, rng: np.random.Generator | None = None):
     """A baseline's completion of one input grid, as a token grid.
 
     Args:
@@ -212,21 +199,26 @@ class RetrievalIndex:
         return fill_cells(grid, np.array(self._answers[best], dtype=object))
 
 
-def _subject_rng(seed: int, subject: str) -> np.random.Generator:
-    """A generator that depends only on the seed and the subject name."""
-    return np.random.default_rng([seed, zlib.crc32(subject.encode("utf-8"))])
+def baseline_records(model: Baseline, subject: str, records: Sequence[dict], *, seed: int = 0,
+                     spec: PromptSpec | None = None) -> list[dict]:
+    """Result records of one baseline on one subject's dataset records.
 
-
-def baseline_records(model: str, subject: str, records: Sequence[dict], seed: int = 0):
-    """Result records of one baseline on one subject's dataset records."""
+    Args:
+        model: one of :data:`MODELS`, or :data:`ANSWER`.
+        subject: the subject name.
+        records: the subject's dataset records, in stored order.
+        seed: seed of the ``random`` baseline (its stream is
+            :func:`sphyr_jax.data.datasets.subject_rng` of the seed and subject).
+        spec: the prompt configuration (see :func:`baseline_prompt`).
+    """
     hard = is_hard(subject)
-    rng = _subject_rng(seed, subject) if model == "random" else None
+    rng = subject_rng(seed, subject) if model == "random" else None
     out = []
     for record in records:
         gravity = record.get("gravity_dir")
         row = {
             "subject": subject,
-            "prompt": make_prompt(record["input_grid"], hard, gravity),
+            "prompt": baseline_prompt(record, subject, spec),
             "ground_truth": grid_to_text(record["ground_truth"]),
             "completion": grid_to_text(record["ground_truth"] if model == ANSWER
                                        else complete(model, record["input_grid"], hard, rng)),
@@ -241,8 +233,8 @@ def _json_text(obj) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def write_baseline_results(dataset_dir, results_root, seed: int = 0,
-                           models: Sequence[str] = MODELS) -> list[pathlib.Path]:
+def write_baseline_results(dataset_dir, results_root, *, seed: int = 0,
+                           models: Sequence[Baseline] = MODELS) -> list[pathlib.Path]:
     """Write every baseline's results for every subject found in a dataset folder.
 
     Args:
@@ -274,21 +266,6 @@ def write_baseline_results(dataset_dir, results_root, seed: int = 0,
     for model in models:
         for subject in subjects:
             path = pathlib.Path(results_root) / model / f"{subject}_results.json"
-            texts[path] = _json_text(baseline_records(model, subject, data[subject], seed))
-    created = []
-    try:
-        for model in models:
-            folder = pathlib.Path(results_root) / model
-            for parent in reversed([folder, *folder.parents]):
-                if not parent.exists():
-                    parent.mkdir()
-                    created.append(parent)
-        atomic_write_files(texts)
-    except BaseException:
-        for folder in reversed(created):
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
-        raise
+            texts[path] = _json_text(baseline_records(model, subject, data[subject], seed=seed))
+    commit_files(texts)
     return list(texts)
