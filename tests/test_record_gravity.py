@@ -67,7 +67,8 @@ def test_direction_words():
             direction_words(bad)
     record = {"input_grid": [["L", "V"], ["S", "0"]]}
     prompt = baseline_prompt({**record, "gravity_dir": [-1, 1]}, "full_easy")
-    assert "The load on the 'L' cells pulls up and to the right (row, column step [-1, 1])." in prompt
+    assert ("The load on the 'L' cells pulls up and to the right "
+            "(row, column step [-1, 1]).") in prompt
     assert "pulls" not in baseline_prompt(record, "full_easy")  # the published prompt
 
 

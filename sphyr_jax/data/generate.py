@@ -14,7 +14,9 @@ Candidates are optimised in batches with
 :func:`sphyr_jax.topopt.strong.strong_optimum_batch` (design region = every
 non-L/S cell), and only load-carrying, non-degenerate answers that differ from
 every earlier one in at least ``min_difference`` cells, even after mirroring
-or sliding it along the load edge, are kept.
+or sliding it along the load edge, are kept.  These rules are
+:class:`V1Rules`, run by the driver every generator shares
+(:func:`sphyr_jax.data.generation.generate`).
 
 Files: raw CSVs ``<n>_SPhyR_2D.csv`` in the reference layout, always in the
 canonical frame (so static cells on ``y = 0`` are the supports), numbered from
@@ -28,20 +30,18 @@ frame (so ``full`` masks keep the load and support edges visible).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-import os
 import pathlib
 import tempfile
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
-import jax
 import numpy as np
 
 from sphyr_jax.data.convert import (
     RAW_SUFFIX,
     build_subjects,
-    commit_files,
     convert_raw_dir,
     list_raw_files,
     raw_file_number,
@@ -49,11 +49,22 @@ from sphyr_jax.data.convert import (
     write_subjects,
 )
 from sphyr_jax.data.datasets import list_subjects
+from sphyr_jax.data.generation import (
+    Kept,
+    Progress,
+    RoundSize,
+    SamplingRules,
+    analyze_designs,
+    candidate_load_case,
+    check_num_samples,
+    design_tokens,
+    generate,
+)
 from sphyr_jax.fem import fea
 from sphyr_jax.io import atomic_write_json, atomic_write_text, read_json
-from sphyr_jax.problem.grids import LOAD, SUPPORT, grid_to_text
-from sphyr_jax.problem.loadcase import LoadCase, load_case_from_grid, stack_load_cases, with_budget
-from sphyr_jax.sharding import batch_call
+from sphyr_jax.problem.grids import grid_to_text
+from sphyr_jax.problem.loadcase import stack_load_cases
+from sphyr_jax.problem.symmetry import AXIS_DIRECTIONS
 from sphyr_jax.topopt.budget import binarize, free_budget
 from sphyr_jax.topopt.options import StrongOptions
 from sphyr_jax.topopt.simp import SimpOptions
@@ -61,6 +72,7 @@ from sphyr_jax.topopt.strong import strong_optimum_batch
 
 GRAVITY_FILE = "gravity.json"
 RAW_FOLDER = "raw"
+Direction = Literal["down", "right", "up", "left"]
 DIRECTIONS = {"down": (1, 0), "right": (0, 1), "up": (-1, 0), "left": (0, -1)}
 VOLUME_FRACTION_RANGE = (0.2, 0.4)
 MIN_DIFFERENCE = 3  # an answer this close (in cells) to an earlier one is a near-copy
@@ -70,10 +82,6 @@ QUICK_OPTIONS = StrongOptions(
     simp=SimpOptions(tol=1e-2, max_iterations=200), penal_schedule=(3.0,),
     polish_starts=0, tabu_passes=0, extra_chain_radius=None, pool=8,
 )  # a cheap optimiser for tests and previews: one SIMP run, rounding, no polish
-
-
-class GenerationError(RuntimeError):
-    """Generation that cannot keep enough samples within its attempt bound."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +117,7 @@ class Candidate:
             cells the uniform budget level plus a small random perturbation).
     """
 
-    gravity: str
+    gravity: Direction
     load_mask: np.ndarray
     support_mask: np.ndarray
     volume_fraction: float
@@ -149,13 +157,7 @@ def gravity_name(direction) -> str:
 
 def quarter_turns(direction) -> int:
     """``np.rot90`` turns taking the canonical frame (gravity down) to ``direction``."""
-    target = DIRECTIONS[gravity_name(direction)]
-    vec = (1, 0)
-    for k in range(4):
-        if vec == target:
-            return k
-        vec = (-vec[1], vec[0])  # a counter-clockwise quarter turn of a (row, col) step
-    raise AssertionError("unreachable")
+    return AXIS_DIRECTIONS.index(DIRECTIONS[gravity_name(direction)])
 
 
 def _runs(rng: np.random.Generator, n: int, groups: tuple[int, int],
@@ -237,21 +239,6 @@ def draw_candidate(rng: np.random.Generator, grid_size: int = 10,
     return Candidate(gravity, load, support, vf, seed)
 
 
-def candidate_grid(candidate: Candidate, design=None) -> list[list[str]]:
-    """Token grid: L/S cells, and ``"1"``/``"0"`` from a design (all ``"0"`` by default)."""
-    design = np.zeros(candidate.load_mask.shape) if design is None else np.asarray(design)
-    tokens = np.where(design >= 0.5, "1", "0").astype(object)
-    tokens[candidate.support_mask] = SUPPORT
-    tokens[candidate.load_mask] = LOAD
-    return tokens.tolist()
-
-
-def candidate_load_case(candidate: Candidate) -> LoadCase:
-    """Load case of a candidate: every non-L/S cell designable, L/S solid, its budget."""
-    case = load_case_from_grid(candidate_grid(candidate), gravity_dir=candidate.gravity_dir)
-    return with_budget(case, candidate.volume_fraction)
-
-
 @dataclasses.dataclass(frozen=True)
 class Optimised:
     """Answers of a batch of candidates (NumPy, batch-first).
@@ -265,10 +252,6 @@ class Optimised:
     designs: np.ndarray
     compliance: np.ndarray
     load_carrying: np.ndarray
-
-
-def _analyze(load_case, densities):
-    return fea.analyze(load_case, densities)
 
 
 def optimise_candidates(candidates: Sequence[Candidate],
@@ -298,7 +281,7 @@ def optimise_candidates(candidates: Sequence[Candidate],
     if not binary.all():
         rounded = np.asarray(binarize(designs, batch.design_mask, batch.pinned, free))
         designs = np.where(binary[:, None, None], designs, rounded)
-    analysis = batch_call(_analyze, batch, designs, num_devices=options.num_devices)
+    analysis = analyze_designs(batch, designs, num_devices=options.num_devices)
     return Optimised(designs, np.asarray(analysis.compliance),
                      np.asarray(analysis.load_carrying, bool))
 
@@ -453,10 +436,133 @@ def _check_raw_folder(raw_dir: pathlib.Path, planned: set[str]) -> None:
                          "output folder")
 
 
-def generate_dataset(output_dir, num_samples: int, seed: int = 0, grid_size: int = 10,
+@dataclasses.dataclass(frozen=True, eq=False)
+class Answer:
+    """The optimiser's answer to one candidate.
+
+    Attributes:
+        design: (n, n) 0/1 densities (L/S cells 1).
+        compliance: its compliance at p = 3.
+        load_carrying: whether it carries the load.
+    """
+
+    design: np.ndarray
+    compliance: float
+    load_carrying: bool
+    candidate: Candidate
+
+    @functools.cached_property
+    def grid(self) -> np.ndarray:
+        """(n, n) tokens of the answer: ``"1"``/``"0"``, L/S."""
+        return np.array(design_tokens(self.candidate, self.design), dtype=object)
+
+
+@dataclasses.dataclass(frozen=True)
+class V1Rules(SamplingRules):
+    """The v1-style sampling rules (see the module docstring).
+
+    Attributes:
+        grid_size: n of the n x n grid.
+        gravity_dirs: direction names drawn from per sample.
+        volume_fraction: fixed budget of every sample (None: drawn).
+        boundary: how load and support runs are drawn.
+        volume_fraction_range: range of drawn budgets.
+        options: optimiser settings.
+        num_devices: devices a batch is split over (None: the options' choice).
+        batch_size: candidates drawn per round (one batched solve).
+        min_difference: near-copy threshold in cells (:func:`is_near_copy`).
+        mask_seed: seed of the subject masks.
+    """
+
+    grid_size: int = 10
+    gravity_dirs: tuple[Direction, ...] = ("down",)
+    volume_fraction: float | None = None
+    boundary: BoundarySpec = DEFAULT_BOUNDARY
+    volume_fraction_range: tuple[float, float] = VOLUME_FRACTION_RANGE
+    options: StrongOptions = DEFAULT_OPTIONS
+    num_devices: int | None = None
+    batch_size: int = 8
+    min_difference: int = MIN_DIFFERENCE
+    mask_seed: int = 42
+
+    rejection_reasons = ("budget", "not_load_carrying", "degenerate", "duplicate")
+    advice = "relax the volume fraction"
+
+    @property
+    def default_gravity(self) -> bool:
+        """Whether every sample is loaded downwards (no ``gravity.json`` then)."""
+        return set(self.gravity_dirs) == {"down"}
+
+    def draw(self, rng: np.random.Generator) -> Candidate:
+        return draw_candidate(rng, self.grid_size, self.gravity_dirs, self.volume_fraction,
+                              self.boundary, self.volume_fraction_range)
+
+    def screen(self, candidate: Candidate, kept, waiting) -> str | None:
+        return "budget" if candidate.free_budget < 1.0 else None
+
+    def round_size(self, remaining: int) -> RoundSize:
+        return RoundSize(draws=self.batch_size)
+
+    def solve(self, candidates: Sequence[Candidate], progress: Progress) -> list[Answer]:
+        result = optimise_candidates(candidates, self.options, self.num_devices,
+                                     progress=progress)
+        return [Answer(result.designs[j], float(result.compliance[j]),
+                       bool(result.load_carrying[j]), c) for j, c in enumerate(candidates)]
+
+    def judge(self, candidate: Candidate, answer: Answer, kept: Sequence[Kept]) -> str | None:
+        if not answer.load_carrying:
+            return "not_load_carrying"
+        region = ~(candidate.load_mask | candidate.support_mask)
+        solid = int(np.sum(answer.design[region] >= 0.5))
+        if solid == 0 or solid == int(region.sum()):
+            return "degenerate"
+        if any(is_near_copy(answer.grid, k.answer.grid, candidate.gravity, k.candidate.gravity,
+                            self.min_difference) for k in kept):
+            return "duplicate"
+        return None
+
+    def check_output(self, output: pathlib.Path, num_samples: int) -> None:
+        planned = {raw_name(i, num_samples) for i in range(num_samples)}
+        _check_raw_folder(output / RAW_FOLDER,
+                          planned if self.default_gravity else planned | {GRAVITY_FILE})
+
+    def files(self, output: pathlib.Path, kept: Sequence[Kept]) -> dict[pathlib.Path, str]:
+        """Raw CSVs (+ ``gravity.json``) and the 16 subjects, staged in a temporary
+        folder through the converter, as ``raw/`` and ``<subject>.jsonl`` texts."""
+        count = len(kept)
+        texts: dict[pathlib.Path, str] = {}
+        with tempfile.TemporaryDirectory(prefix="sphyr_generate_") as tmp:
+            stage_raw = pathlib.Path(tmp) / RAW_FOLDER
+            stage_raw.mkdir()
+            gravity = {}
+            for i, k in enumerate(kept):
+                cand = k.candidate
+                turns = quarter_turns(cand.gravity)
+                write_raw_csv(stage_raw / raw_name(i, count), np.rot90(k.answer.design, -turns),
+                              np.rot90(cand.load_mask, -turns),
+                              np.rot90(cand.support_mask, -turns))
+                gravity[str(i)] = list(cand.gravity_dir)
+            if not self.default_gravity:
+                atomic_write_json(stage_raw / GRAVITY_FILE, gravity, indent=None)
+            stage_out = pathlib.Path(tmp) / "subjects"
+            write_subjects_from_raw(stage_raw, stage_out, seed=self.mask_seed)
+            for path in sorted(stage_raw.iterdir()):
+                texts[output / RAW_FOLDER / path.name] = path.read_text(encoding="utf-8")
+            for name in list_subjects():
+                texts[output / f"{name}.jsonl"] = (stage_out / f"{name}.jsonl").read_text("utf-8")
+        return texts
+
+
+def _sample_summary(index: int, kept: Kept) -> dict:
+    cand, answer = kept.candidate, kept.answer
+    return {"index": index, "gravity_dir": list(cand.gravity_dir),
+            "budget": cand.volume_fraction, "volume_fraction": float(answer.design.mean()),
+            "compliance": answer.compliance, "grid": grid_to_text(answer.grid)}
+
+
+def generate_dataset(output_dir, num_samples: int, *, seed: int = 0, grid_size: int = 10,
                      volume_fraction: float | None = None, gravity_dirs=("down",),
-                     num_devices: int | None = None,
-                     progress: Callable[[str, int, int], None] | None = None, *,
+                     num_devices: int | None = None, progress: Progress | None = None,
                      options: StrongOptions = DEFAULT_OPTIONS,
                      batch_size: int | None = None, max_attempts: int | None = None,
                      min_difference: int = MIN_DIFFERENCE, mask_seed: int = 42,
@@ -475,7 +581,8 @@ def generate_dataset(output_dir, num_samples: int, seed: int = 0, grid_size: int
         seed: seed of the ``numpy.random.Generator`` drawing the problems.
         grid_size: n of the n x n grid.
         volume_fraction: fixed budget for every sample (None: drawn per sample).
-        gravity_dirs: directions drawn from per sample (names or (row, col)).
+        gravity_dirs: directions drawn from per sample (names or (row, col),
+            or one comma-separated string of names).
         num_devices: devices the batches are split over (None: all local).
         progress: optional callable(stage, done, total); stages ``"simp"``,
             ``"polish"``, ``"tabu"`` (per batch), ``"kept"`` and ``"write"``.
@@ -492,8 +599,11 @@ def generate_dataset(output_dir, num_samples: int, seed: int = 0, grid_size: int
         volume_fraction_range: range of drawn budgets.
 
     Returns:
-        Summary: ``kept``, ``attempted``, ``optimised``, ``rejected`` (by
-        reason), ``batches``, ``seconds``, ``samples_per_second``, ``device``,
+        Summary (the same fields for every generator version,
+        :meth:`sphyr_jax.data.generation.Outcome.summary`): ``kept``,
+        ``drawn``, ``solved``, ``unused``, ``rejected`` (by reason: ``budget``,
+        ``not_load_carrying``, ``degenerate``, ``duplicate``), ``batches``,
+        ``batch_size``, ``seconds``, ``samples_per_second``, ``device``,
         ``subjects`` and ``samples`` (per sample: ``index``, ``gravity_dir``,
         ``budget``, ``volume_fraction``, ``compliance`` and ``grid``, the
         easy answer as text in the generation frame).
@@ -503,108 +613,23 @@ def generate_dataset(output_dir, num_samples: int, seed: int = 0, grid_size: int
         ValueError: for bad arguments or a raw folder holding another dataset.
     """
     fea.require_x64()
-    start = time.perf_counter()
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+    check_num_samples(num_samples)
     if volume_fraction is not None and not 0.0 < float(volume_fraction) <= 1.0:
         raise ValueError(f"volume_fraction must lie in (0, 1], got {volume_fraction!r}")
     if isinstance(gravity_dirs, str):
         gravity_dirs = [g for g in gravity_dirs.split(",") if g.strip()]
-    names = [gravity_name(g) for g in gravity_dirs]
+    names = tuple(gravity_name(g) for g in gravity_dirs)
     if not names:
         raise ValueError("gravity_dirs is empty")
-    output = pathlib.Path(output_dir)
-    raw_dir = output / RAW_FOLDER
-    default_gravity = set(names) == {"down"}
-    planned = {raw_name(i, num_samples) for i in range(num_samples)}
-    _check_raw_folder(raw_dir, planned if default_gravity else planned | {GRAVITY_FILE})
     batch_size = batch_size or _default_batch(num_samples)
-    max_attempts = max_attempts or 10 * num_samples + batch_size
-    rng = np.random.default_rng(seed)
-    report = progress or (lambda stage, done, total: None)
-
-    kept: list[tuple[Candidate, np.ndarray, float]] = []
-    grids: list[np.ndarray] = []
-    rejected = {"budget": 0, "not_load_carrying": 0, "degenerate": 0, "duplicate": 0}
-    attempted = optimised = batches = 0
-    while len(kept) < num_samples:
-        if attempted >= max_attempts:
-            raise GenerationError(
-                f"kept only {len(kept)} of {num_samples} samples after {attempted} candidates "
-                f"(rejected: {rejected}); raise max_attempts or relax the volume fraction")
-        drawn = [draw_candidate(rng, grid_size, names, volume_fraction, boundary,
-                                volume_fraction_range)
-                 for _ in range(min(batch_size, max_attempts - attempted))]
-        attempted += len(drawn)
-        feasible = [c for c in drawn if c.free_budget >= 1.0]
-        rejected["budget"] += len(drawn) - len(feasible)
-        if not feasible:
-            continue
-        result = optimise_candidates(feasible, options, num_devices, progress=report)
-        optimised += len(feasible)
-        batches += 1
-        for j, cand in enumerate(feasible):
-            if len(kept) == num_samples:
-                break
-            design = result.designs[j]
-            region = ~(cand.load_mask | cand.support_mask)
-            solid = int(np.sum(design[region] >= 0.5))
-            if not result.load_carrying[j]:
-                rejected["not_load_carrying"] += 1
-                continue
-            if solid == 0 or solid == int(region.sum()):
-                rejected["degenerate"] += 1
-                continue
-            grid = np.array(candidate_grid(cand, design), dtype=object)
-            if any(is_near_copy(grid, other, cand.gravity, kept[i][0].gravity, min_difference)
-                   for i, other in enumerate(grids)):
-                rejected["duplicate"] += 1
-                continue
-            grids.append(grid)
-            kept.append((cand, design, float(result.compliance[j])))
-        report("kept", len(kept), num_samples)
-
-    subjects = _write_dataset(output, raw_dir, kept, default_gravity, mask_seed)
-    report("write", 1, 1)
-    seconds = time.perf_counter() - start
-    device = jax.devices()[0]
-    return {
-        "output_dir": os.fspath(output), "kept": len(kept), "attempted": attempted,
-        "optimised": optimised, "rejected": rejected, "batches": batches,
-        "batch_size": batch_size, "seconds": seconds,
-        "samples_per_second": len(kept) / seconds if seconds > 0 else float("inf"),
-        "device": f"{device.platform}:{device.device_kind} x{jax.device_count()}",
-        "seed": seed, "grid_size": grid_size,
-        "subjects": subjects,
-        "samples": [{"index": i, "gravity_dir": list(c.gravity_dir),
-                     "budget": c.volume_fraction, "volume_fraction": float(d.mean()),
-                     "compliance": comp, "grid": grid_to_text(g)}
-                    for i, ((c, d, comp), g) in enumerate(zip(kept, grids, strict=True))],
-    }
-
-
-def _write_dataset(output: pathlib.Path, raw_dir: pathlib.Path, kept, default_gravity: bool,
-                   mask_seed: int) -> dict[str, int]:
-    """Stage raw CSVs and subjects in a temporary folder, then commit all files at once."""
-    count = len(kept)
-    texts: dict[pathlib.Path, str] = {}
-    with tempfile.TemporaryDirectory(prefix="sphyr_generate_") as tmp:
-        stage_raw = pathlib.Path(tmp) / RAW_FOLDER
-        stage_raw.mkdir()
-        gravity = {}
-        for i, (cand, design, _) in enumerate(kept):
-            k = quarter_turns(cand.gravity)
-            name = raw_name(i, count)
-            write_raw_csv(stage_raw / name, np.rot90(design, -k), np.rot90(cand.load_mask, -k),
-                          np.rot90(cand.support_mask, -k))
-            gravity[str(i)] = list(cand.gravity_dir)
-        if not default_gravity:
-            atomic_write_json(stage_raw / GRAVITY_FILE, gravity, indent=None)
-        stage_out = pathlib.Path(tmp) / "subjects"
-        subjects = write_subjects_from_raw(stage_raw, stage_out, seed=mask_seed)
-        for path in sorted(stage_raw.iterdir()):
-            texts[raw_dir / path.name] = path.read_text(encoding="utf-8")
-        for name in list_subjects():
-            texts[output / f"{name}.jsonl"] = (stage_out / f"{name}.jsonl").read_text("utf-8")
-    commit_files(texts, raw_dir)
-    return subjects
+    rules = V1Rules(grid_size=grid_size, gravity_dirs=names, volume_fraction=volume_fraction,
+                    boundary=boundary, volume_fraction_range=volume_fraction_range,
+                    options=options, num_devices=num_devices, batch_size=batch_size,
+                    min_difference=min_difference, mask_seed=mask_seed)
+    outcome = generate(rules, output_dir, num_samples,
+                       max_attempts=max_attempts or 10 * num_samples + batch_size, seed=seed,
+                       progress=progress)
+    return outcome.summary(
+        output_dir, dataset_version="v1", seed=seed, grid_size=grid_size,
+        batch_size=batch_size,
+        samples=[_sample_summary(i, k) for i, k in enumerate(outcome.kept)])

@@ -67,21 +67,30 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
 import pathlib
-import time
-import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import jax
 import numpy as np
 
-from sphyr_jax.data.convert import commit_files, render_subject
-from sphyr_jax.data.datasets import VARIANTS, list_subjects
-from sphyr_jax.data.generate import GenerationError
+from sphyr_jax.data.convert import render_subject
+from sphyr_jax.data.datasets import VARIANTS, list_subjects, subject_rng
+from sphyr_jax.data.generation import (
+    Kept,
+    Progress,
+    RoundSize,
+    SamplingRules,
+    analyze_designs,
+    candidate_load_case,
+    candidate_tokens,
+    check_num_samples,
+    design_tokens,
+    generate,
+)
 from sphyr_jax.fem import fea
-from sphyr_jax.problem.grids import LOAD, MASK, SUPPORT
-from sphyr_jax.problem.loadcase import LoadCase, load_case_from_grid, stack_load_cases, with_budget
+from sphyr_jax.problem.grids import MASK
+from sphyr_jax.problem.loadcase import LoadCase, stack_load_cases
 from sphyr_jax.sharding import batch_call
 from sphyr_jax.topopt import yardstick_polish
 from sphyr_jax.topopt.budget import binarize
@@ -89,6 +98,7 @@ from sphyr_jax.topopt.options import ReferenceOptions
 from sphyr_jax.topopt.simp import SimpOptions
 from sphyr_jax.topopt.strong import Run, run_simp_batch
 
+Edge = Literal["top", "bottom", "left", "right"]
 EDGES = ("top", "bottom", "left", "right")
 LOAD_DIRECTIONS = ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (1, -1), (-1, 1), (-1, -1))
 V2_VOLUME_FRACTION = 0.3
@@ -154,8 +164,8 @@ class V2Candidate:
     load_mask: np.ndarray
     support_mask: np.ndarray
     gravity_dir: tuple[int, int]
-    load_edge: str
-    support_edges: tuple[str, ...]
+    load_edge: Edge
+    support_edges: tuple[Edge, ...]
     support_groups: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     @property
@@ -167,16 +177,14 @@ class V2Candidate:
         """$\\mathrm{round}(0.3\\,n^2)$: solid cells of the easy answer, L/S included."""
         return solid_budget(self.grid_size)
 
+    @property
+    def volume_fraction(self) -> float:
+        """The optimiser's budget: ``solid_cells / n^2``."""
+        return self.solid_cells / self.load_mask.size
+
     def layout(self) -> np.ndarray:
         """(n, n) layout codes: 1 on load cells, 2 on support cells, 0 elsewhere."""
         return self.load_mask.astype(np.int8) + 2 * self.support_mask.astype(np.int8)
-
-    def tokens(self, values: np.ndarray) -> list[list[str]]:
-        """Token grid: L/S on their cells, ``values`` (strings) elsewhere."""
-        grid = np.asarray(values, dtype=object).copy()
-        grid[self.support_mask] = SUPPORT
-        grid[self.load_mask] = LOAD
-        return grid.tolist()
 
 
 def solid_budget(grid_size: int, volume_fraction: float = V2_VOLUME_FRACTION) -> int:
@@ -184,7 +192,7 @@ def solid_budget(grid_size: int, volume_fraction: float = V2_VOLUME_FRACTION) ->
     return int(round(volume_fraction * grid_size * grid_size))
 
 
-def edge_cells(edge: str, n: int) -> list[tuple[int, int]]:
+def edge_cells(edge: Edge, n: int) -> list[tuple[int, int]]:
     """The (row, col) cells of one edge of an n x n grid, in increasing order."""
     if edge == "top":
         return [(0, c) for c in range(n)]
@@ -197,7 +205,7 @@ def edge_cells(edge: str, n: int) -> list[tuple[int, int]]:
     raise ValueError(f"unknown edge {edge!r}; edges are {EDGES}")
 
 
-def _group(rng: np.random.Generator, edge: str, sizes: tuple[int, int], n: int):
+def _group(rng: np.random.Generator, edge: Edge, sizes: tuple[int, int], n: int):
     """A contiguous run of a random size in ``sizes`` at a random place on ``edge``."""
     size = int(rng.integers(sizes[0], sizes[1] + 1))
     start = int(rng.integers(0, n - size + 1))
@@ -230,8 +238,8 @@ def draw_v2_candidate(rng: np.random.Generator, grid_size: int = 10) -> V2Candid
     return make_v2_candidate(n, loads, groups, direction, load_edge, tuple(support_edges))
 
 
-def make_v2_candidate(n: int, load_cells, support_groups, gravity_dir, load_edge: str,
-                      support_edges: tuple[str, ...]) -> V2Candidate | None:
+def make_v2_candidate(n: int, load_cells, support_groups, gravity_dir, load_edge: Edge,
+                      support_edges: tuple[Edge, ...]) -> V2Candidate | None:
     """A candidate from drawn groups: support cells on load cells dropped, None if < 2 remain.
 
     Args:
@@ -298,20 +306,9 @@ class V2Answers:
                 | ~self.easy_carrying | ~self.hard_carrying)
 
 
-def candidate_load_case(candidate: V2Candidate) -> LoadCase:
-    """Load case of a candidate: every non-L/S cell designable, budget ``solid_cells / n^2``."""
-    zeros = np.full(candidate.load_mask.shape, "0", dtype=object)
-    case = load_case_from_grid(candidate.tokens(zeros), gravity_dir=candidate.gravity_dir)
-    return with_budget(case, candidate.solid_cells / candidate.load_mask.size)
-
-
 def round_one_decimal(densities) -> np.ndarray:
     """Densities rounded to one decimal (halves to even, like Python's ``round``)."""
     return np.round(np.asarray(densities, np.float64), 1) + 0.0  # + 0.0: no negative zeros
-
-
-def _analyze(load_case, densities):
-    return fea.analyze(load_case, densities)
 
 
 def _simp_runs(batch: LoadCase, schedules, options: SimpOptions, num_devices, progress):
@@ -337,7 +334,7 @@ def _simp_runs(batch: LoadCase, schedules, options: SimpOptions, num_devices, pr
     owner = np.array([runs[r].sample for r in finals])
     cases = jax.tree.map(lambda a: np.asarray(a)[owner], batch)
     design = np.where(cases.design_mask, np.asarray(sim.design)[finals], cases.pinned)
-    res = batch_call(_analyze, cases, design, num_devices=num_devices)
+    res = analyze_designs(cases, design, num_devices=num_devices)
     comp = np.asarray(res.compliance).reshape(nb, len(schedules))
     return (design.reshape((nb, len(schedules)) + batch.shape),
             np.where(np.isfinite(comp), comp, np.inf))
@@ -418,7 +415,7 @@ def optimise_v2(candidates: Sequence[V2Candidate], options: V2Options = DEFAULT_
     swaps = np.sum(easy != rounded, axis=(-2, -1)) // 2
     hard = np.where(design, round_one_decimal(optimum), 1.0)
     both = jax.tree.map(lambda a: np.concatenate([a, a]), batch)
-    res = batch_call(_analyze, both, np.concatenate([easy, hard]), num_devices=num_devices)
+    res = analyze_designs(both, np.concatenate([easy, hard]), num_devices=num_devices)
     c = np.asarray(res.compliance)
     carrying = np.asarray(res.load_carrying, bool)
     return V2Answers(optimum=optimum, optimum_compliance=optimum_c, easy=easy, hard=hard,
@@ -430,15 +427,10 @@ def optimise_v2(candidates: Sequence[V2Candidate], options: V2Options = DEFAULT_
 # Answers and masks as tokens.
 
 
-def easy_tokens(candidate: V2Candidate, easy) -> list[list[str]]:
-    """The easy ground truth: ``"1"``/``"0"`` cells, L/S tokens."""
-    return candidate.tokens(np.where(np.asarray(easy) >= 0.5, "1", "0"))
-
-
 def hard_tokens(candidate: V2Candidate, hard) -> list[list[str]]:
     """The hard ground truth: one-decimal densities (``"0.0"`` .. ``"1.0"``), L/S tokens."""
     values = np.vectorize(lambda v: f"{v:.1f}", otypes=[object])(round_one_decimal(hard))
-    return candidate.tokens(values)
+    return candidate_tokens(candidate, values)
 
 
 def mask_count(variant: str, grid_size: int) -> int:
@@ -486,11 +478,6 @@ def v2_mask(variant: str, free: np.ndarray, rng: np.random.Generator) -> np.ndar
     return mask
 
 
-def subject_rng(seed: int, subject: str) -> np.random.Generator:
-    """The mask generator of one subject: seeded with ``[seed, crc32(subject)]``."""
-    return np.random.default_rng([int(seed), zlib.crc32(subject.encode("utf-8"))])
-
-
 def build_v2_subjects(samples: Sequence[tuple[V2Candidate, np.ndarray, np.ndarray]],
                       seed: int) -> dict[str, list[dict]]:
     """The 16 subjects of kept samples ``(candidate, easy, hard)``, in sample order.
@@ -499,7 +486,7 @@ def build_v2_subjects(samples: Sequence[tuple[V2Candidate, np.ndarray, np.ndarra
         ``{subject: records}`` in :func:`sphyr_jax.data.datasets.list_subjects`
         order; records ``{"index", "input_grid", "ground_truth", "gravity_dir"}``.
     """
-    truths = [(easy_tokens(c, e), hard_tokens(c, h)) for c, e, h in samples]
+    truths = [(design_tokens(c, e), hard_tokens(c, h)) for c, e, h in samples]
     subjects: dict[str, list[dict]] = {}
     for variant in VARIANTS:
         for level, pick in (("easy", 0), ("hard", 1)):
@@ -525,9 +512,103 @@ def _batch_size(remaining: int, largest: int) -> int:
     return min(largest, 8 * math.ceil(max(8, math.ceil(1.15 * remaining)) / 8))
 
 
-def generate_v2_dataset(output_dir, num_samples: int, seed: int = 0, grid_size: int = 10,
-                        num_devices: int | None = None,
-                        progress: Callable[[str, int, int], None] | None = None, *,
+@dataclasses.dataclass(frozen=True, eq=False)
+class V2Answer:
+    """The answers of one candidate (one row of :class:`V2Answers`).
+
+    Attributes:
+        easy: (n, n) 0/1 easy answer (L/S cells 1).
+        hard: (n, n) hard answer, one-decimal densities.
+        easy_compliance, hard_compliance, optimum_compliance: at p = 3.
+        swaps: cells of material the polish moved.
+        degenerate: see :meth:`V2Answers.degenerate`.
+    """
+
+    easy: np.ndarray
+    hard: np.ndarray
+    easy_compliance: float
+    hard_compliance: float
+    optimum_compliance: float
+    swaps: int
+    degenerate: bool
+
+    def info(self) -> dict:
+        """The compliances and swaps, as the summary lists them."""
+        return {"easy_compliance": self.easy_compliance, "hard_compliance": self.hard_compliance,
+                "optimum_compliance": self.optimum_compliance, "swaps": self.swaps}
+
+
+@dataclasses.dataclass(frozen=True)
+class V2Rules(SamplingRules):
+    """The SPhyR-v2 sampling rules (see the module docstring).
+
+    Attributes:
+        grid_size: n of the n x n grid (at least :data:`MIN_GRID_SIZE`).
+        options: optimiser settings.
+        num_devices: devices a batch is split over (None: all local).
+        largest_batch: most candidates solved per batch.
+        mask_seed: seed of the subjects' masks (the generation's own seed).
+    """
+
+    grid_size: int = 10
+    options: V2Options = DEFAULT_V2_OPTIONS
+    num_devices: int | None = None
+    largest_batch: int = 256
+    mask_seed: int = 0
+
+    rejection_reasons = REJECTION_REASONS
+    advice = "use a larger grid"
+
+    def draw(self, rng: np.random.Generator) -> V2Candidate | str:
+        candidate = draw_v2_candidate(rng, self.grid_size)
+        return "supports" if candidate is None else candidate
+
+    def screen(self, candidate: V2Candidate, kept: Sequence[Kept], waiting) -> str | None:
+        if candidate.solid_cells - int((candidate.load_mask | candidate.support_mask).sum()) < 1:
+            return "budget"
+        others = itertools.chain((k.candidate for k in kept), waiting)
+        if any(layout_distance(candidate, o) < MIN_LAYOUT_DISTANCE for o in others):
+            return "layout"
+        return None
+
+    def round_size(self, remaining: int) -> RoundSize:
+        return RoundSize(admitted=_batch_size(remaining, self.largest_batch))
+
+    def solve(self, candidates: Sequence[V2Candidate], progress: Progress) -> list[V2Answer]:
+        answers = optimise_v2(candidates, self.options, self.num_devices, progress)
+        degenerate = answers.degenerate()
+        return [V2Answer(answers.easy[j], answers.hard[j], float(answers.easy_compliance[j]),
+                         float(answers.hard_compliance[j]),
+                         float(answers.optimum_compliance[j]), int(answers.swaps[j]),
+                         bool(degenerate[j]))
+                for j in range(len(candidates))]
+
+    def judge(self, candidate: V2Candidate, answer: V2Answer, kept: Sequence[Kept]
+              ) -> str | None:
+        if answer.degenerate:
+            return "degenerate"
+        solid = answer.easy >= 0.5
+        if any(int(np.count_nonzero(solid != (k.answer.easy >= 0.5))) < MIN_STRUCTURE_DISTANCE
+               for k in kept):
+            return "structure"
+        return None
+
+    def files(self, output: pathlib.Path, kept: Sequence[Kept]) -> dict[pathlib.Path, str]:
+        subjects = build_v2_subjects([(k.candidate, k.answer.easy, k.answer.hard)
+                                      for k in kept], self.mask_seed)
+        return {output / f"{name}.jsonl": render_subject(records, "jsonl")
+                for name, records in subjects.items()}
+
+
+def _sample_summary(index: int, kept: Kept) -> dict:
+    c = kept.candidate
+    return {"index": index, "gravity_dir": list(c.gravity_dir), "load_edge": c.load_edge,
+            "support_edges": list(c.support_edges), "load_cells": int(c.load_mask.sum()),
+            "support_cells": int(c.support_mask.sum()), **kept.answer.info()}
+
+
+def generate_v2_dataset(output_dir, num_samples: int, *, seed: int = 0, grid_size: int = 10,
+                        num_devices: int | None = None, progress: Progress | None = None,
                         options: V2Options = DEFAULT_V2_OPTIONS, batch_size: int | None = None,
                         max_attempts: int | None = None) -> dict:
     """Generate a SPhyR-v2 set and write its 16 subject files.
@@ -544,109 +625,33 @@ def generate_v2_dataset(output_dir, num_samples: int, seed: int = 0, grid_size: 
         progress: optional callable(stage, done, total); stages ``"simp"``,
             ``"polish"`` (per batch), ``"kept"`` and ``"write"``.
         options: optimiser settings (:data:`QUICK_V2_OPTIONS` for a cheap run).
-        batch_size: most candidates solved per batch (default: 1.25 x the
+        batch_size: most candidates solved per batch (default: 1.15 x the
             samples still missing, a multiple of 8, at most 256).
         max_attempts: bound on drawn candidates (default 50 x ``num_samples``
             + 100).
 
     Returns:
-        Summary: ``kept``, ``drawn``, ``solved``, ``unused`` (solved after the
-        last sample was kept), ``rejected`` (by reason: ``supports`` redrawn,
-        ``budget``, ``layout``, ``degenerate``, ``structure``), ``batches``,
-        ``seconds``, ``seconds_per_solve``, ``device``, ``subjects`` and
-        ``samples`` (per sample: ``index``, ``gravity_dir``, edges, cells,
-        compliances, ``swaps``).
+        Summary (the same fields for every generator version,
+        :meth:`sphyr_jax.data.generation.Outcome.summary`): ``kept``,
+        ``drawn``, ``solved``, ``unused`` (solved after the last sample was
+        kept), ``rejected`` (by reason: ``supports`` redrawn, ``budget``,
+        ``layout``, ``degenerate``, ``structure``), ``batches``, ``seconds``,
+        ``seconds_per_solve``, ``device``, ``subjects`` and ``samples`` (per
+        sample: ``index``, ``gravity_dir``, edges, cells, compliances, ``swaps``).
 
     Raises:
         GenerationError: if ``max_attempts`` draws do not give enough samples.
         ValueError: for bad arguments.
     """
     fea.require_x64()
-    start = time.perf_counter()
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+    check_num_samples(num_samples)
     if isinstance(grid_size, bool) or not isinstance(grid_size, int) or grid_size < MIN_GRID_SIZE:
         raise ValueError(f"grid_size must be an integer >= {MIN_GRID_SIZE}, got {grid_size!r}")
-    largest = batch_size or 256
-    max_attempts = max_attempts or 50 * num_samples + 100
-    rng = np.random.default_rng(seed)
-    report = progress or (lambda stage, done, total: None)
-    kept: list[tuple[V2Candidate, np.ndarray, np.ndarray, dict]] = []
-    rejected = dict.fromkeys(REJECTION_REASONS, 0)
-    drawn = solved = unused = batches = 0
-
-    def far_in_layout(cand: V2Candidate, others=()) -> bool:
-        return all(layout_distance(cand, o) >= MIN_LAYOUT_DISTANCE
-                   for o in itertools.chain((k[0] for k in kept), others))
-
-    while len(kept) < num_samples:
-        want = _batch_size(num_samples - len(kept), largest)
-        pending: list[V2Candidate] = []
-        while len(pending) < want and drawn < max_attempts:
-            drawn += 1
-            cand = draw_v2_candidate(rng, grid_size)
-            if cand is None:
-                rejected["supports"] += 1
-            elif cand.solid_cells - int((cand.load_mask | cand.support_mask).sum()) < 1:
-                rejected["budget"] += 1
-            elif not far_in_layout(cand, pending):
-                rejected["layout"] += 1
-            else:
-                pending.append(cand)
-        if not pending:
-            raise GenerationError(
-                f"kept only {len(kept)} of {num_samples} samples after {drawn} draws "
-                f"(rejected: {rejected}); raise max_attempts or use a larger grid")
-        answers = optimise_v2(pending, options, num_devices, report)
-        solved += len(pending)
-        batches += 1
-        degenerate = answers.degenerate()
-        for j, cand in enumerate(pending):
-            if len(kept) == num_samples:
-                unused += 1
-                continue
-            if degenerate[j]:
-                rejected["degenerate"] += 1
-                continue
-            easy = answers.easy[j]
-            if any(int(np.count_nonzero((easy >= 0.5) != (k[1] >= 0.5)))
-                   < MIN_STRUCTURE_DISTANCE for k in kept):
-                rejected["structure"] += 1
-                continue
-            info = {"easy_compliance": float(answers.easy_compliance[j]),
-                    "hard_compliance": float(answers.hard_compliance[j]),
-                    "optimum_compliance": float(answers.optimum_compliance[j]),
-                    "swaps": int(answers.swaps[j])}
-            kept.append((cand, easy, answers.hard[j], info))
-        report("kept", len(kept), num_samples)
-
-    subjects = build_v2_subjects([(c, e, h) for c, e, h, _ in kept], seed)
-    output = pathlib.Path(output_dir)
-    texts = {output / f"{name}.jsonl": render_subject(records, "jsonl")
-             for name, records in subjects.items()}
-    commit_files(texts, output)
-    report("write", 1, 1)
-    seconds = time.perf_counter() - start
-    device = jax.devices()[0]
-    return {
-        "output_dir": os.fspath(output), "dataset_version": "v2", "seed": seed,
-        "grid_size": grid_size, "kept": len(kept), "drawn": drawn, "solved": solved,
-        "unused": unused, "rejected": rejected, "batches": batches, "seconds": seconds,
-        "seconds_per_solve": seconds / max(solved, 1),
-        "device": f"{device.platform}:{device.device_kind} x{jax.device_count()}",
-        "subjects": {name: len(records) for name, records in subjects.items()},
-        "samples": [{"index": i, "gravity_dir": list(c.gravity_dir), "load_edge": c.load_edge,
-                     "support_edges": list(c.support_edges),
-                     "load_cells": int(c.load_mask.sum()),
-                     "support_cells": int(c.support_mask.sum()), **info}
-                    for i, (c, _, _, info) in enumerate(kept)],
-    }
-
-
-def summary_line(summary: dict) -> str:
-    """One line: kept, drawn, solved and rejections by reason, time."""
-    reasons = " ".join(f"{k}={v}" for k, v in summary["rejected"].items())
-    return (f"kept {summary['kept']} of {summary['drawn']} drawn candidates "
-            f"({summary['solved']} solved, {summary['unused']} unused) in "
-            f"{summary['seconds']:.1f} s; rejected: {reasons}")
-
+    rules = V2Rules(grid_size=grid_size, options=options, num_devices=num_devices,
+                    largest_batch=batch_size or 256, mask_seed=seed)
+    outcome = generate(rules, output_dir, num_samples,
+                       max_attempts=max_attempts or 50 * num_samples + 100, seed=seed,
+                       progress=progress)
+    return outcome.summary(
+        output_dir, dataset_version="v2", seed=seed, grid_size=grid_size,
+        samples=[_sample_summary(i, k) for i, k in enumerate(outcome.kept)])

@@ -64,7 +64,8 @@ def main() -> int:
         common.write_json(summary)
         return 0
 
-    from sphyr_jax.data.generate_v2 import MIN_GRID_SIZE, generate_v2_dataset, summary_line
+    from sphyr_jax.data.generate_v2 import MIN_GRID_SIZE, generate_v2_dataset
+    from sphyr_jax.data.generation import summary_line
     from sphyr_jax.errors import UserInputError
 
     grid_size = _v2_grid_size(FLAGS.dataset_version)
