@@ -40,19 +40,12 @@ from sphyr_jax.data import generate, generate_v2  # noqa: E402
 
 def _one(num_samples: int, seed: int, grid_size: int, options, num_devices,
          version: str = "v1") -> dict:
+    make = generate.generate_dataset if version == "v1" else generate_v2.generate_v2_dataset
     with tempfile.TemporaryDirectory(prefix="sphyr_bench_generate_") as out:
-        if version == "v1":
-            summary = generate.generate_dataset(out, num_samples, seed=seed,
-                                                grid_size=grid_size, num_devices=num_devices,
-                                                options=options)
-            keys = ("kept", "attempted", "batches", "batch_size", "rejected", "seconds",
-                    "samples_per_second")
-            return {key: summary[key] for key in keys}
-        summary = generate_v2.generate_v2_dataset(out, num_samples, seed=seed,
-                                                  grid_size=grid_size, num_devices=num_devices,
-                                                  options=options)
+        summary = make(out, num_samples, seed=seed, grid_size=grid_size,
+                       num_devices=num_devices, options=options)
     keys = ("kept", "drawn", "solved", "unused", "batches", "rejected", "seconds",
-            "seconds_per_solve")
+            "samples_per_second", "seconds_per_solve")
     return {key: summary[key] for key in keys}
 
 

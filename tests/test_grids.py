@@ -21,7 +21,9 @@ from sphyr_jax.problem.grids import (
     densities_from_grid,
     extract_grid,
     grid_to_text,
+    last_plain_lines,
     parse_number,
+    plain_grid,
 )
 
 PROMPT_START = "Below is the input grid with masked regions:\n\n"
@@ -94,6 +96,16 @@ def test_extract_completions(gpt4o_records, claude_records):
         # Older results layouts store the text as an escaped string literal.
         assert extract_grid(repr(rec["completion"])) == grid, (name, i)
         assert extract_grid(json.dumps(rec["completion"])) == grid, (name, i)
+
+
+def test_plain_readers_on_the_stored_records(gpt4o_records, claude_records):
+    """The fast reader takes the stored answers as they are and refuses prompts (prose);
+    the published reader finds each prompt's input grid as its last plain block."""
+    for name, i, rec in _all_records(gpt4o_records, claude_records):
+        assert plain_grid(rec["ground_truth"]) == _rows(rec["ground_truth"]), (name, i)
+        assert plain_grid(rec["prompt"]) is None, (name, i)
+        block = [line.split() for line in last_plain_lines(rec["prompt"])]
+        assert block == _expected_prompt_grid(rec["prompt"]), (name, i)
 
 
 def test_record_37_takes_second_rectangular_grid(gpt4o_records):
@@ -291,6 +303,24 @@ def test_densities_invalid(grid):
 # grid_to_text.
 
 
+@pytest.mark.parametrize("text", [
+    "```\n1 0\n0 1\n```", "1 0\n\n0 1", "1 0\n0", "1, 0\n0, 1", "[1 0]", "Answer: 1 0",
+    "1 0 x", "-1 0", "1e-3 0", "", "  \n ",
+])
+def test_plain_grid_refuses_what_is_not_clean(text):
+    assert plain_grid(text) is None
+
+
+def test_plain_readers_handwritten():
+    assert plain_grid(" L 0 S\n1.0 V 0.5 \n") == [["L", "0", "S"], ["1.0", "V", "0.5"]]
+    text = ("Here is my answer:\n1 0\n0 1\n\nOn second thought:\n```\n"
+            "L 1 0\n0  1 S\n0 0\n```\nDone.")
+    assert last_plain_lines(text) == ["L 1 0", "0  1 S", "0 0"]  # ragged rows stay
+    assert last_plain_lines("1 0\n0 1\nThe end") == ["1 0", "0 1"]
+    assert last_plain_lines("1, 0\nno grid here") == []
+    assert last_plain_lines("") == []
+
+
 def test_grid_to_text_round_trip():
     assert grid_to_text(GRID) == GRID_TEXT
     assert extract_grid(grid_to_text(GRID)) == GRID
@@ -455,6 +485,11 @@ def test_fuzz_python_objects(grid):
 @given(clean_grids())
 def test_fuzz_clean_round_trip(grid):
     text = grid_to_text(grid)
+    plain_rows = [" ".join(r) for r in grid if all(set(t) <= set("LSV0123456789.") for t in r)]
+    plain = len(plain_rows) == len(grid)
+    assert plain_grid(text) == (grid if plain else None)
+    found = last_plain_lines("Answer:\n" + text + "\nDone.")
+    assert [line.split() for line in found] == grid if plain else set(found) <= set(plain_rows)
     assert extract_grid(text) == grid
     assert extract_grid("```\n" + text + "\n```") == grid
     assert extract_grid("Answer:\n\n" + text + "\n\nDone.") == grid

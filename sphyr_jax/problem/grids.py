@@ -37,6 +37,8 @@ _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 _FENCE = re.compile(r"```[A-Za-z0-9_+-]*")
 _SEPARATORS = re.compile(r"[\s,|;]+")
 _STRIP = "[](){}'\"`"
+_PLAIN_CHARS = frozenset("LSV0123456789.")
+_PLAIN_LINE = re.compile(r"[0-9.LVS]+(?:\s+[0-9.LVS]+)*")
 
 Grid = list  # list[list[str]]
 
@@ -162,6 +164,59 @@ def _candidates(text: str) -> list[Grid]:
 
 def _is_rectangular(grid: Grid) -> bool:
     return bool(grid) and bool(grid[0]) and all(len(r) == len(grid[0]) for r in grid)
+
+
+def plain_grid(text: str) -> Grid | None:
+    """Token rows of a clean text grid, read fast; None for anything else.
+
+    Clean is what the project itself writes (dataset answers, the grid of a
+    prompt): rows on lines, cells separated by whitespace, every cell made of
+    ``L``, ``S``, ``V``, digits and ``.`` only, every row as long as the first
+    (surrounding blank space is ignored).  Anything else (a code fence, prose,
+    commas, a blank line between rows, a ragged row) gives None: read such
+    text with :func:`extract_grid`, which returns the same rows for clean text.
+
+    Args:
+        text: the text.
+
+    Returns:
+        The grid as token rows, or None.
+    """
+    rows = [line.split() for line in text.strip().split("\n")]
+    width = len(rows[0])
+    if width == 0 or any(len(r) != width for r in rows):
+        return None
+    if any(not _PLAIN_CHARS.issuperset(t) for r in rows for t in r):
+        return None
+    return rows
+
+
+def last_plain_lines(text: str) -> list[str]:
+    """The lines of the last block of plain grid lines of a text (the published reader).
+
+    A plain line holds only whitespace-separated tokens made of digits, ``.``,
+    ``L``, ``V`` and ``S``; a blank line, a code fence or a line of prose ends
+    a block.  This is how the published benchmark reads a grid out of a model's
+    reply for its static metrics (:mod:`sphyr_jax.scoring.static`); it finds
+    fewer grids than :func:`extract_grid` (no commas, brackets or fences inside
+    a block) but, on text the project wrote, the same one.
+
+    Args:
+        text: the text.
+
+    Returns:
+        The block's lines, stripped (split a line on whitespace for its
+        tokens; rows may be ragged); ``[]`` when no line is plain.
+    """
+    block: list[str] = []
+    last: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped and _PLAIN_LINE.fullmatch(stripped):
+            block.append(stripped)
+        elif block:
+            last, block = block, []
+    return block or last
 
 
 def extract_grid(text, ndim: int = 2) -> Grid | None:

@@ -82,13 +82,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import re
 from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 
 import numpy as np
 
-from sphyr_jax.problem.grids import extract_grid, grid_ndim, parse_number
+from sphyr_jax.problem.grids import extract_grid, grid_ndim, last_plain_lines, parse_number
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY
 
 MAX_PATH_COST = 1000.0
@@ -136,27 +135,11 @@ STATIC_METRIC_KEYS = tuple(f.name for f in dataclasses.fields(StaticMetrics))
 # ----------------------------------------------------------------------------
 # Reading grids.
 
-_GRID_LINE = re.compile(r"[0-9.LVS]+(?:\s+[0-9.LVS]+)*")
-
-
 def _cell(token) -> str:
     try:
         return str(token).strip()
     except ValueError:  # an int too long for str()
         return "?"
-
-
-def _text_rows(text: str) -> list[str]:
-    """The lines (stripped) of the last block of token lines of a text."""
-    block: list[str] = []
-    last: list[str] = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped and _GRID_LINE.fullmatch(stripped):
-            block.append(stripped)
-        elif block:
-            last, block = block, []
-    return block or last
 
 
 def _nested_rows(grid) -> list | None:
@@ -179,7 +162,7 @@ def _rows(grid, ndim: int) -> list:
     tuple of tokens.  ``[]`` when nothing is found."""
     if isinstance(grid, str):
         if ndim == 2:
-            return _text_rows(grid)
+            return last_plain_lines(grid)
         found = extract_grid(grid, ndim=3)
         return [[tuple(row) for row in layer] for layer in found] if found else []
     if ndim == 2:
@@ -195,7 +178,8 @@ def read_grid(grid, ndim: int = 2) -> list:
 
     Text: the last block of consecutive lines that consist only of
     whitespace-separated tokens made of digits, ``.``, ``L``, ``V`` and ``S``
-    (a blank line, a code fence or prose ends a block).  With ``ndim=3``, text
+    (a blank line, a code fence or prose ends a block;
+    :func:`sphyr_jax.problem.grids.last_plain_lines`).  With ``ndim=3``, text
     is read by :func:`sphyr_jax.problem.grids.extract_grid` (layers separated
     by blank lines).  Nested lists pass through as string tokens.
 
@@ -693,8 +677,43 @@ def static_metrics_batch(
 def _score_shape(table: _Tokens, directions: _Directions, records: list[_Record],
                  results: list[StaticMetrics]) -> None:
     """Fill ``results`` for records whose answers share one shape."""
-    kind, _, solid_of, valid_of = table.arrays()
+    _fill_difficulty(table, records, results)
+    scored, out = _valid_outputs(table, records)
+    if not scored:
+        return
+    gt = _stack([records[j].answer for j in scored])
+    agreement = _agreement(table, out, gt)
+    graph = _Graph.of(table, out)
+    direction = np.asarray([records[j].direction for j in scored])
+    used, which = np.unique(direction, return_inverse=True)  # one grid rank: one step set
+    allowed = np.stack([directions.allowed[d] for d in used])[which.reshape(-1)]
+    weights = np.stack([directions.weights[d] for d in used])[which.reshape(-1)]
+    directional = np.zeros(len(scored), bool)
+    c = graph.connected
+    if c.any():
+        directional[c] = _directional(graph.solid[c], graph.load[c], graph.support[c],
+                                      allowed[c])
+    answer_cost = _answer_costs(table, [records[j].answer for j in scored], direction, weights)
+    path_ratio = _path_ratio(graph, weights, answer_cost)
+    for k, j in enumerate(scored):
+        m = results[j]
+        m.valid_output_grid = True
+        m.exact_match = bool(agreement.n_diff[k] == 0)
+        m.difference_ratio = float(agreement.difference[k])
+        m.relative_difference_ratio = float(agreement.relative[k])
+        m.penalized_difference_ratio = float(agreement.penalized[k])
+        m.load_support_connected = bool(graph.connected[k])
+        m.load_support_connected_force_directional = bool(directional[k])
+        m.isolated_clusters_count = int(graph.clusters[k])
+        m.force_path_cost_average_efficiency_ratio = float(path_ratio[k])
+        m.difficulty_weighted_difference_ratio = m.difficulty_score * m.difference_ratio
+        m.difficulty_weighted_relative_difference_ratio = (
+            m.difficulty_score * m.relative_difference_ratio)
 
+
+def _fill_difficulty(table: _Tokens, records: list[_Record],
+                     results: list[StaticMetrics]) -> None:
+    """``difficulty_score`` of every record with a usable input."""
     with_input = [j for j, r in enumerate(records) if r.inputs is not None]
     if with_input:
         difficulty = _difficulty(table, _stack([records[j].inputs for j in with_input]),
@@ -702,24 +721,38 @@ def _score_shape(table: _Tokens, directions: _Directions, records: list[_Record]
         for j, d in zip(with_input, difficulty, strict=True):
             results[j].difficulty_score = float(d)
 
+
+def _valid_outputs(table: _Tokens, records: list[_Record]) -> tuple[list[int], np.ndarray]:
+    """Positions of the records with a valid output and a usable direction, and their
+    outputs' ids stacked (n, *shape)."""
     scored = [j for j, r in enumerate(records)
               if r.output is not None and r.direction is not None]
     if not scored:
-        return
+        return [], np.zeros((0,))
+    valid_of = table.arrays()[3]
     out = _stack([records[j].output for j in scored])
     valid = valid_of[out].reshape(len(scored), -1).all(axis=1)
-    scored = [j for j, ok in zip(scored, valid, strict=True) if ok]
-    if not scored:
-        return
-    out = out[valid]
-    gt = _stack([records[j].answer for j in scored])
-    n = len(scored)
+    return [j for j, ok in zip(scored, valid, strict=True) if ok], out[valid]
 
-    # Agreement with the answer.
+
+@dataclasses.dataclass(frozen=True)
+class _Agreement:
+    """Per output: differing cells and the three difference ratios."""
+
+    n_diff: np.ndarray
+    difference: np.ndarray
+    relative: np.ndarray
+    penalized: np.ndarray
+
+
+def _agreement(table: _Tokens, out: np.ndarray, gt: np.ndarray) -> _Agreement:
+    """Agreement of outputs with their answers (ids, (n, *shape) each)."""
+    kind, value = table.arrays()[:2]
+    n = len(out)
     differs = out != gt
     n_diff = differs.reshape(n, -1).sum(axis=1)
     gt_kind = kind[gt]
-    gt_sum = _row_major_sum(np.where(gt_kind == _NUMBER, table.arrays()[1][gt], 0.0))
+    gt_sum = _row_major_sum(np.where(gt_kind == _NUMBER, value[gt], 0.0))
     numeric_pair = differs & (kind[out] == _NUMBER) & (gt_kind == _NUMBER)
     gaps = np.zeros(out.shape)
     if numeric_pair.any():
@@ -731,65 +764,63 @@ def _score_shape(table: _Tokens, directions: _Directions, records: list[_Record]
     other_pair = differs & ~numeric_pair
     relative = _row_major_sum(np.where(other_pair, 1.0, gaps))
     penalized = _row_major_sum(np.where(other_pair, MASKED_PAIR_PENALTY, gaps))
-    diff_ratio = _ratio(n_diff, gt_sum)
-    rel_ratio = _ratio(relative, gt_sum)
-    pen_ratio = _ratio(penalized, gt_sum)
+    return _Agreement(n_diff, _ratio(n_diff, gt_sum), _ratio(relative, gt_sum),
+                      _ratio(penalized, gt_sum))
 
-    # Graph metrics of the output.
-    solid = solid_of[out]
-    out_kind = kind[out]
-    load = out_kind == _LOAD
-    support = out_kind == _SUPPORT
-    connected, clusters = _components(solid, load, support)
-    direction = np.asarray([records[j].direction for j in scored])
-    used, which = np.unique(direction, return_inverse=True)  # one grid rank: one step set
-    allowed = np.stack([directions.allowed[d] for d in used])[which.reshape(-1)]
-    weights = np.stack([directions.weights[d] for d in used])[which.reshape(-1)]
-    directional = np.zeros(n, bool)
-    if connected.any():
-        directional[connected] = _directional(solid[connected], load[connected],
-                                              support[connected], allowed[connected])
 
-    # Path costs: the outputs and (once per distinct answer and direction) the answers.
-    answer_key: dict[tuple, int] = {}
-    answer_rows = []
-    answer_index = []
-    for j, d in zip(scored, direction.tolist(), strict=True):
-        key = (id(records[j].answer), d)
-        if key not in answer_key:
-            answer_key[key] = len(answer_rows)
-            answer_rows.append(j)
-        answer_index.append(answer_key[key])
-    answers = _stack([records[j].answer for j in answer_rows])
-    answer_kind = kind[answers]
-    position = {j: k for k, j in enumerate(scored)}
-    answer_weights = weights[[position[j] for j in answer_rows]]
-    answer_cost = _path_costs(solid_of[answers], answer_kind == _LOAD,
-                              answer_kind == _SUPPORT, answer_weights)[answer_index]
+@dataclasses.dataclass(frozen=True)
+class _Graph:
+    """The outputs' solid, load and support masks, connectivity and floating clusters."""
+
+    solid: np.ndarray
+    load: np.ndarray
+    support: np.ndarray
+    connected: np.ndarray
+    clusters: np.ndarray
+
+    @classmethod
+    def of(cls, table: _Tokens, out: np.ndarray) -> _Graph:
+        kind, _, solid_of, _ = table.arrays()
+        solid = solid_of[out]
+        out_kind = kind[out]
+        load = out_kind == _LOAD
+        support = out_kind == _SUPPORT
+        connected, clusters = _components(solid, load, support)
+        return cls(solid, load, support, connected, clusters)
+
+
+def _answer_costs(table: _Tokens, answers: list[np.ndarray], direction: np.ndarray,
+                  weights: np.ndarray) -> np.ndarray:
+    """Path cost of every record's answer, computed once per distinct answer and direction."""
+    kind, _, solid_of, _ = table.arrays()
+    first: dict[tuple, int] = {}
+    rows = []
+    index = []
+    for k, (answer, d) in enumerate(zip(answers, direction.tolist(), strict=True)):
+        key = (id(answer), d)
+        if key not in first:
+            first[key] = len(rows)
+            rows.append(k)
+        index.append(first[key])
+    stacked = _stack([answers[k] for k in rows])
+    stacked_kind = kind[stacked]
+    return _path_costs(solid_of[stacked], stacked_kind == _LOAD, stacked_kind == _SUPPORT,
+                       weights[rows])[index]
+
+
+def _path_ratio(graph: _Graph, weights: np.ndarray, answer_cost: np.ndarray) -> np.ndarray:
+    """``force_path_cost_average_efficiency_ratio`` of every output."""
+    n = len(graph.load)
     out_cost = np.zeros(n)
     # A grid whose loads reach no support at all costs the cut-off: no search needed.
-    has_both = load.reshape(n, -1).any(axis=1) & support.reshape(n, -1).any(axis=1)
-    out_cost[has_both & ~connected] = MAX_PATH_COST
-    if connected.any():
-        out_cost[connected] = _path_costs(solid[connected], load[connected],
-                                          support[connected], weights[connected])
+    has_both = (graph.load.reshape(n, -1).any(axis=1)
+                & graph.support.reshape(n, -1).any(axis=1))
+    c = graph.connected
+    out_cost[has_both & ~c] = MAX_PATH_COST
+    if c.any():
+        out_cost[c] = _path_costs(graph.solid[c], graph.load[c], graph.support[c], weights[c])
     safe = np.where(out_cost > 0.0, out_cost, 1.0)
-    path_ratio = np.where(out_cost > 0.0, np.clip(answer_cost / safe, 0.0, 1.0), 0.0)
-
-    for k, j in enumerate(scored):
-        m = results[j]
-        m.valid_output_grid = True
-        m.exact_match = bool(n_diff[k] == 0)
-        m.difference_ratio = float(diff_ratio[k])
-        m.relative_difference_ratio = float(rel_ratio[k])
-        m.penalized_difference_ratio = float(pen_ratio[k])
-        m.load_support_connected = bool(connected[k])
-        m.load_support_connected_force_directional = bool(directional[k])
-        m.isolated_clusters_count = int(clusters[k])
-        m.force_path_cost_average_efficiency_ratio = float(path_ratio[k])
-        m.difficulty_weighted_difference_ratio = m.difficulty_score * m.difference_ratio
-        m.difficulty_weighted_relative_difference_ratio = (
-            m.difficulty_score * m.relative_difference_ratio)
+    return np.where(out_cost > 0.0, np.clip(answer_cost / safe, 0.0, 1.0), 0.0)
 
 
 def static_metrics(input_grid, output_grid, gt_grid, gravity_dir=DEFAULT_GRAVITY) -> StaticMetrics:
