@@ -86,6 +86,7 @@ import pathlib
 import random
 import re
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -104,6 +105,8 @@ from sphyr_jax.problem.symmetry import turn_records
 
 RAW_SUFFIX = "_SPhyR_2D.csv"
 RAW_SUFFIX_3D = "_SPhyR_3D.csv"
+Format = Literal["jsonl", "json"]
+Order = Literal["name", "number"]
 FORMATS = ("jsonl", "json")
 ORDERS = ("name", "number")
 
@@ -292,41 +295,7 @@ def read_raw_csv(path, shape: tuple[int, int] | None = None) -> RawSample:
             of another size than ``shape``.
         OSError: if the file cannot be read.
     """
-    path, cells, last = _read_cells(path, dims=2)
-    nely = max(r for r, _ in cells) + 1
-    nelx = max(c for _, c in cells) + 1
-    if shape is not None and (nely, nelx) != tuple(shape):
-        raise ConversionError(
-            f"{path}, end of file (line {last}): the coordinates span a {nely}x{nelx} grid, "
-            f"expected {shape[0]}x{shape[1]}",
-            path,
-            last,
-        )
-    missing = [(r, c) for r in range(nely) for c in range(nelx) if (r, c) not in cells]
-    if missing:
-        r, c = missing[0]
-        raise ConversionError(
-            f"{path}, end of file (line {last}): {len(missing)} of {nely * nelx} cells missing "
-            f"from the {nely}x{nelx} grid the coordinates span, first x={c}, y={r}",
-            path,
-            last,
-        )
-
-    easy = np.empty((nely, nelx), dtype=object)
-    hard = np.empty((nely, nelx), dtype=object)
-    dens = np.empty((nely, nelx), dtype=np.float64)
-    for (row, col), (_, density, static) in cells.items():
-        printed = nely - 1 - row  # flip: y = 0 is the last printed row
-        dens[printed, col] = density
-        if static:
-            easy[printed, col] = hard[printed, col] = SUPPORT if row == 0 else LOAD
-        else:
-            rounded = round(density, 1) + 0.0
-            easy[printed, col] = "1" if rounded > 0 else "0"
-            hard[printed, col] = f"{rounded:.1f}"
-    return RawSample(raw_file_number(path), easy, hard, dens, path)
-
-
+    return _read_raw_sample(path, shape, dims=2)
 
 
 def read_raw_csv_3d(path, shape: tuple[int, int, int] | None = None) -> RawSample:
@@ -348,30 +317,36 @@ def read_raw_csv_3d(path, shape: tuple[int, int, int] | None = None) -> RawSampl
             of another size than ``shape``.
         OSError: if the file cannot be read.
     """
-    path, cells, last = _read_cells(path, dims=3)
-    dims = tuple(max(k[i] for k in cells) + 1 for i in range(3))  # (nz, ny, nx)
-    span = "x".join(str(n) for n in dims)
-    if shape is not None and dims != tuple(shape):
-        raise ConversionError(
-            f"{path}, end of file (line {last}): the coordinates span a {span} (z, y, x) "
-            f"voxel grid, expected {'x'.join(str(n) for n in shape)}", path, last)
-    missing = [k for k in np.ndindex(*dims) if k not in cells]
-    if missing:
-        z, y, x = missing[0]
-        raise ConversionError(
-            f"{path}, end of file (line {last}): {len(missing)} of {math.prod(dims)} voxels "
-            f"missing from the {span} (z, y, x) grid the coordinates span, "
-            f"first x={x}, y={y}, z={z}", path, last)
+    return _read_raw_sample(path, shape, dims=3)
 
-    nz, ny, _ = dims
-    easy = np.empty(dims, dtype=object)
-    hard = np.empty(dims, dtype=object)
-    dens = np.empty(dims, dtype=np.float64)
-    for (layer, row, col), (_, density, static) in cells.items():
-        at = (nz - 1 - layer, ny - 1 - row, col)  # layer 0 on top, row 0 at y = ny - 1
+
+def _read_raw_sample(path, shape: tuple[int, ...] | None, dims: int) -> RawSample:
+    """:func:`read_raw_csv` (``dims=2``) and :func:`read_raw_csv_3d` (``dims=3``)."""
+    path, cells, last = _read_cells(path, dims=dims)
+    size = tuple(max(k[i] for k in cells) + 1 for i in range(dims))  # printed-order axes
+    span = "x".join(str(n) for n in size)
+    grid, noun = ("grid", "cells") if dims == 2 else ("(z, y, x) voxel grid", "voxels")
+    if shape is not None and size != tuple(shape):
+        raise ConversionError(
+            f"{path}, end of file (line {last}): the coordinates span a {span} {grid}, "
+            f"expected {'x'.join(str(n) for n in shape)}", path, last)
+    missing = [k for k in np.ndindex(*size) if k not in cells]
+    if missing:
+        first = ", ".join(f"{axis}={v}" for axis, v in zip("xyz", reversed(missing[0]),
+                                                           strict=False))
+        where = "grid" if dims == 2 else "(z, y, x) grid"
+        raise ConversionError(
+            f"{path}, end of file (line {last}): {len(missing)} of {math.prod(size)} {noun} "
+            f"missing from the {span} {where} the coordinates span, first {first}", path, last)
+    easy = np.empty(size, dtype=object)
+    hard = np.empty(size, dtype=object)
+    dens = np.empty(size, dtype=np.float64)
+    for key, (_, density, static) in cells.items():
+        # Flip every axis but the columns: y = 0 (z = 0) is the last printed row (layer).
+        at = tuple(n - 1 - k for n, k in zip(size[:-1], key[:-1], strict=True)) + key[-1:]
         dens[at] = density
         if static:
-            easy[at] = hard[at] = SUPPORT if layer == 0 else LOAD
+            easy[at] = hard[at] = SUPPORT if key[0] == 0 else LOAD
         else:
             rounded = round(density, 1) + 0.0
             easy[at] = "1" if rounded > 0 else "0"
@@ -518,7 +493,7 @@ def _plain(value):
     return int(value) if value.is_integer() else value
 
 
-def render_subject(records: Sequence[Mapping], fmt: str = "jsonl") -> str:
+def render_subject(records: Sequence[Mapping], fmt: Format = "jsonl") -> str:
     """File text of one subject.
 
     Args:
@@ -540,7 +515,7 @@ def render_subject(records: Sequence[Mapping], fmt: str = "jsonl") -> str:
 
 
 def write_subjects(
-    subjects: Mapping[str, Sequence[Mapping]], output_dir, fmt: str = "jsonl"
+    subjects: Mapping[str, Sequence[Mapping]], output_dir, fmt: Format = "jsonl"
 ) -> dict[str, int]:
     """Write ``<subject>.<fmt>`` files all-or-nothing.
 
@@ -565,7 +540,7 @@ def write_subjects(
     return {name: len(recs) for name, recs in subjects.items()}
 
 
-def list_raw_files(raw_dir, order: str = "name", dim: int | None = None) -> list[pathlib.Path]:
+def list_raw_files(raw_dir, order: Order = "name", dim: int | None = None) -> list[pathlib.Path]:
     """The ``N_SPhyR_2D.csv`` (or ``N_SPhyR_3D.csv``) files of a folder in conversion order.
 
     Args:
@@ -613,7 +588,7 @@ def unsolvable_reason(sample: RawSample) -> str | None:
 
 
 def convert_raw_dir(
-    raw_dir, output_dir, seed: int = 42, fmt: str = "jsonl", order: str = "name",
+    raw_dir, output_dir, seed: int = 42, fmt: Format = "jsonl", order: Order = "name",
     dim: int | None = None, skip_unsolvable: bool = False, log=None,
 ) -> dict[str, int]:
     """Convert a folder of raw CSVs into the 16 subject files.

@@ -41,6 +41,7 @@ import numpy as np
 
 from sphyr_jax.data.convert import (
     RAW_SUFFIX,
+    Format,
     build_subjects,
     convert_raw_dir,
     list_raw_files,
@@ -389,7 +390,7 @@ def read_gravity_file(raw_dir) -> dict[int, list[int]] | None:
     return out
 
 
-def write_subjects_from_raw(raw_dir, output_dir, seed: int = 42, fmt: str = "jsonl"):
+def write_subjects_from_raw(raw_dir, output_dir, seed: int = 42, fmt: Format = "jsonl"):
     """The 16 subject files of a raw folder, honouring an optional ``gravity.json``.
 
     Without the side file this is :func:`sphyr_jax.data.convert.convert_raw_dir`

@@ -27,12 +27,14 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Sequence
+from typing import Literal
 
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.problem.grids import as_grid, grid_to_text
 from sphyr_jax.problem.loadcase import direction_words
 from sphyr_jax.problem.symmetry import turn_records
 
+Style = Literal["default", "physics_enhanced", "physics_neutral", "load_direction"]
 STYLES = ("default", "physics_enhanced", "physics_neutral", "load_direction")
 DEFAULT_SEED = 42
 DEFAULT_SAMPLE_COUNT = 100
@@ -96,7 +98,7 @@ class PromptSpec:
         few_shot: solved examples of the same subject shown before the query.
     """
 
-    style: str = "default"
+    style: Style = "default"
     template: str | None = None
     rotations: int = 0
     few_shot: int = 0
