@@ -58,7 +58,7 @@ def write_dataset(folder: pathlib.Path) -> None:
         out = []
         for base in load_subject(REPO / "data" / "dataset", subject):
             for variant, (k, mirror) in enumerate((k, m) for m in (None, 1) for k in range(4)):
-                record = transform_record(base, k, mirror)
+                record = transform_record(base, k, mirror=mirror)
                 record["index"] = variant * 1000 + base["index"]
                 out.append(json.dumps(record))
         (folder / f"{subject}.jsonl").write_text("\n".join(out) + "\n")

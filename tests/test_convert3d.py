@@ -268,7 +268,7 @@ def test_3d_load_case_force_supports_and_gravity():
     sideways = load_case_from_grid(gt, gravity_dir=(0, 0, 2))
     fs = np.asarray(sideways.force).reshape(4, 4, 4, 3)
     assert np.isclose(fs[..., 0].sum(), 1.0)  # component 0 = along columns
-    np.testing.assert_allclose(normalise_gravity((3, 0, 4), 3), [0.6, 0.0, 0.8])
+    np.testing.assert_allclose(normalise_gravity((3, 0, 4), ndim=3), [0.6, 0.0, 0.8])
     with pytest.raises(InvalidProblemError, match="three"):
         load_case_from_grid(gt, gravity_dir=(1, 0))
     batch = stack_load_cases([case, sideways])

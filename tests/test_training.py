@@ -307,7 +307,7 @@ def test_model_is_exactly_equivariant(trained, data_records):
     for net in (model, full):
         p0 = np.asarray(training.predict(net, base))[0]
         for k, mirror in TRANSFORMS:
-            r = transform_record(rec, k, mirror)
+            r = transform_record(rec, k, mirror=mirror)
             p = np.asarray(training.predict(net, jnp.asarray(
                 training.grid_features(r["input_grid"], r["gravity_dir"])[None])))[0]
             np.testing.assert_allclose(p, _transform_tokens(p0, k, mirror), rtol=0, atol=1e-12)
@@ -330,7 +330,7 @@ def test_turned_problem_scores_the_same_through_the_evaluation_path(trained, dat
         base = training.evaluate(model, records, hard, cache)
         solid = training.fill_baseline(records, "1", cache)["per_record"]
         for k, mirror in TRANSFORMS:
-            moved = [transform_record(r, k, mirror) for r in records]
+            moved = [transform_record(r, k, mirror=mirror) for r in records]
             out = training.evaluate(model, moved, hard, cache)
             assert out["completions"] == [_transform_tokens(c, k, mirror)
                                           for c in base["completions"]]

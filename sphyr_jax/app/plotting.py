@@ -82,7 +82,7 @@ def _layers(grid_or_densities, ndim: int | None = None):
             raise ValueError(f"densities must be 2-D or 3-D, got shape {rho.shape}")
         empty = np.zeros(rho.shape, bool)
         return rho, empty, empty, empty
-    tokens = as_grid(grid_or_densities, ndim) if ndim else as_grid(grid_or_densities)
+    tokens = as_grid(grid_or_densities, ndim=ndim) if ndim else as_grid(grid_or_densities)
     check_rectangular(tokens)
     return (densities_from_grid(tokens)[0],) + token_masks(tokens)
 

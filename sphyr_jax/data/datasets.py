@@ -155,7 +155,7 @@ def subject_rng(seed: int, subject: str) -> np.random.Generator:
 
 def _gravity(value, where: str, ndim: int = 2) -> list:
     try:
-        checked = check_gravity(value, ndim)
+        checked = check_gravity(value, ndim=ndim)
     except InvalidProblemError as exc:
         raise DatasetError(f"{where}: {exc}") from exc
     return [int(v) if v.is_integer() else v for v in checked]
@@ -202,8 +202,8 @@ def normalise_record(record: Any, where: str, position: int = 0,
         if record.get(key) is None:
             raise DatasetError(f"{where}: record has no {key!r}")
         try:
-            grid = as_grid(record[key], ndim)
-            shapes.append(check_rectangular(grid, key))
+            grid = as_grid(record[key], ndim=ndim)
+            shapes.append(check_rectangular(grid, what=key))
         except InvalidProblemError as exc:
             raise DatasetError(f"{where}: bad {key}: {exc}") from exc
         out[key] = grid

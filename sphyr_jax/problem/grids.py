@@ -23,8 +23,10 @@ import functools
 import json
 import math
 import re
+from typing import Literal
 
 import numpy as np
+from jaxtyping import ArrayLike, Bool, Float
 
 from sphyr_jax.errors import UserInputError
 
@@ -41,6 +43,8 @@ _PLAIN_CHARS = frozenset("LSV0123456789.")
 _PLAIN_LINE = re.compile(r"[0-9.LVS]+(?:\s+[0-9.LVS]+)*")
 
 Grid = list  # list[list[str]]
+GridDim = Literal[2, 3]
+"""Grid axes: 2 (rows, columns) or 3 (layers, rows, columns)."""
 
 
 class InvalidProblemError(UserInputError):
@@ -219,7 +223,7 @@ def last_plain_lines(text: str) -> list[str]:
     return block or last
 
 
-def extract_grid(text, ndim: int = 2) -> Grid | None:
+def extract_grid(text, *, ndim: GridDim = 2) -> Grid | None:
     """Find the grid inside raw model output.
 
     Handles code fences (with or without a language tag, even mid-line), prose
@@ -251,7 +255,7 @@ def extract_grid(text, ndim: int = 2) -> Grid | None:
     return _extract(text, _from_nested, _candidates, _is_rectangular)
 
 
-def as_grid(grid, ndim: int | None = None) -> Grid:
+def as_grid(grid, *, ndim: GridDim | None = None) -> Grid:
     """Normalise text or token lists into a list of token rows (strings).
 
     Args:
@@ -264,13 +268,13 @@ def as_grid(grid, ndim: int | None = None) -> Grid:
     """
     if ndim is None:
         ndim = grid_ndim(grid)
-    result = extract_grid(grid, ndim)
+    result = extract_grid(grid, ndim=ndim)
     if result is None:
         raise InvalidProblemError("no grid found in the input")
     return result
 
 
-def check_rectangular(grid: Grid, what: str = "grid") -> tuple[int, ...]:
+def check_rectangular(grid: Grid, *, what: str = "grid") -> tuple[int, ...]:
     """Shape of a token grid; raises InvalidProblemError if empty or ragged.
 
     A 3D grid (layers of rows) gives (nz, ny, nx).
@@ -291,8 +295,8 @@ def check_rectangular(grid: Grid, what: str = "grid") -> tuple[int, ...]:
 
 
 def densities_from_grid(
-    grid, mask_density: float = 0.0, ndim: int | None = None
-) -> tuple[np.ndarray, GridReport]:
+    grid, *, mask_density: float = 0.0, ndim: GridDim | None = None
+) -> tuple[Float[np.ndarray, "*cells"], GridReport]:
     """Convert a grid into a float64 density field plus a bookkeeping report.
 
     ``L`` and ``S`` are solid (1); numbers are clipped to [0, 1]; ``V`` cells
@@ -311,10 +315,10 @@ def densities_from_grid(
     Raises:
         InvalidProblemError: for an empty or ragged grid.
     """
-    grid = as_grid(grid, ndim)
+    grid = as_grid(grid, ndim=ndim)
     if grid_ndim(grid) == 3:
         _check_3d(grid, "grid")
-        layers = [densities_from_grid(layer, mask_density) for layer in grid]
+        layers = [densities_from_grid(layer, mask_density=mask_density) for layer in grid]
         return np.stack([d for d, _ in layers]), GridReport(
             unfilled_cells=sum(r.unfilled_cells for _, r in layers),
             unparsable_cells=sum(r.unparsable_cells for _, r in layers))
@@ -336,7 +340,8 @@ def densities_from_grid(
                            unparsable_cells=sum(b for _, _, b in read))
 
 
-def token_masks(grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def token_masks(grid: Grid) -> tuple[Bool[np.ndarray, "*cells"], Bool[np.ndarray, "*cells"],
+                                     Bool[np.ndarray, "*cells"]]:
     """Boolean (load, support, masked) arrays of a rectangular token grid (2D or 3D)."""
     if grid_ndim(grid) == 3:
         shape = _check_3d(grid, "grid")
@@ -357,14 +362,16 @@ def grid_to_text(grid) -> str:
     return "\n".join(" ".join(str(t) for t in row) for row in grid)
 
 
-def format_design(densities: np.ndarray, structural_grid: Grid, hard: bool) -> Grid:
+def format_design(densities: Float[ArrayLike, "*cells"], structural_grid: Grid, *,
+                  hard: bool) -> Grid:
     """Tokens of a density field in a subject's format, keeping L/S from a grid.
 
     Easy subjects use ``0``/``1`` (threshold 0.5); hard ones one decimal.
     A 3D density field (nz, ny, nx) with a 3D grid gives a list of layers.
     """
     if np.ndim(densities) == 3:
-        return [format_design(d, g, hard) for d, g in zip(densities, structural_grid, strict=True)]
+        return [format_design(d, g, hard=hard)
+                for d, g in zip(densities, structural_grid, strict=True)]
     out = []
     for r, row in enumerate(np.asarray(densities, dtype=float)):
         tokens = []
@@ -387,7 +394,7 @@ _LAYER_HEADING = re.compile(
     r"^\W*(layer|level|slice|plane|z)\b[^\n]{0,40}$", re.IGNORECASE | re.ASCII)
 
 
-def grid_ndim(grid) -> int:
+def grid_ndim(grid) -> GridDim:
     """3 for nested lists (or arrays) three deep, else 2.
 
     Text, and layers given as lists of row strings, are 2D unless a caller
@@ -413,7 +420,8 @@ def _check_3d(grid, what: str) -> tuple[int, int, int]:
             raise InvalidProblemError(f"{what}: layer {z} is empty")
         try:
             layer_shape = check_rectangular(
-                [list(r) if not isinstance(r, str) else [r] for r in layer], f"{what} layer {z}")
+                [list(r) if not isinstance(r, str) else [r] for r in layer],
+                what=f"{what} layer {z}")
         except InvalidProblemError:
             raise
         if shape is None:

@@ -23,8 +23,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from sphyr_jax.problem.grids import (
+    GridDim,
     InvalidProblemError,
     as_grid,
     check_rectangular,
@@ -45,6 +47,9 @@ _ROTATION_GRAVITY = (
 class LoadCase(eqx.Module):
     """Boundary conditions of one sample (or a batch: leading axes on every field).
 
+    Shapes: ``shape`` is the batch shape followed by the grid's, ``(..., nely,
+    nelx)`` (``(..., nz, ny, nx)`` in 3D).
+
     Attributes:
         load_mask: (..., nely, nelx) bool, ``L`` cells.
         support_mask: (..., nely, nelx) bool, ``S`` cells.
@@ -59,14 +64,14 @@ class LoadCase(eqx.Module):
         volume_fraction: (...) float64, ground-truth volume fraction (the budget).
     """
 
-    load_mask: jax.Array
-    support_mask: jax.Array
-    design_mask: jax.Array
-    pinned: jax.Array
-    force: jax.Array
-    free_dofs: jax.Array
-    gravity: jax.Array
-    volume_fraction: jax.Array
+    load_mask: Bool[Array, "*shape"]
+    support_mask: Bool[Array, "*shape"]
+    design_mask: Bool[Array, "*shape"]
+    pinned: Float[Array, "*shape"]
+    force: Float[Array, "*batch dofs"]
+    free_dofs: Bool[Array, "*batch dofs"]
+    gravity: Float[Array, "*batch dim"]
+    volume_fraction: Float[Array, "*batch"]
 
     @property
     def ndim(self) -> int:
@@ -106,7 +111,7 @@ _DIRECTION_WORDS = {
 }
 
 
-def check_gravity(value, ndim: int | None = 2) -> tuple[float, ...]:
+def check_gravity(value, *, ndim: GridDim | None = 2) -> tuple[float, ...]:
     """A load direction as stored in a record, checked: ``ndim`` finite numbers, not all zero.
 
     Args:
@@ -139,7 +144,7 @@ def check_gravity(value, ndim: int | None = 2) -> tuple[float, ...]:
     return out
 
 
-def record_gravity(record, folder=None, ndim: int | None = 2) -> tuple[float, ...]:
+def record_gravity(record, folder=None, *, ndim: GridDim | None = 2) -> tuple[float, ...]:
     """The load direction of a dataset or results record.
 
     The rule every consumer follows: the record's own ``gravity_dir``; else
@@ -164,7 +169,7 @@ def record_gravity(record, folder=None, ndim: int | None = 2) -> tuple[float, ..
         raise InvalidProblemError(f"a record must be a mapping, got {type(record).__name__}")
     value = record.get("gravity_dir")
     if value is not None:
-        return check_gravity(value, ndim)
+        return check_gravity(value, ndim=ndim)
     if ndim == 3:
         return DEFAULT_GRAVITY_3D
     if folder is not None:
@@ -183,7 +188,7 @@ def direction_words(gravity_dir) -> str:
         InvalidProblemError: a malformed direction, or one that is neither an
             axis nor a diagonal.
     """
-    r, c = check_gravity(gravity_dir, 2)
+    r, c = check_gravity(gravity_dir, ndim=2)
     if r and c and not math.isclose(abs(r), abs(c), rel_tol=1e-9):
         raise InvalidProblemError(
             f"no words for load direction {list(gravity_dir)!r}: only the axes and the "
@@ -191,7 +196,7 @@ def direction_words(gravity_dir) -> str:
     return _DIRECTION_WORDS[(int(np.sign(r)), int(np.sign(c)))]
 
 
-def unless_2d_default(gravity_dir, ndim: int):
+def unless_2d_default(gravity_dir, ndim: GridDim):
     """``gravity_dir`` for a grid of ``ndim`` axes, None (down) for the 2D default on voxels.
 
     Records, folders and callers without a direction pass the 2D default
@@ -204,7 +209,7 @@ def unless_2d_default(gravity_dir, ndim: int):
     return gravity_dir
 
 
-def normalise_gravity(gravity_dir, ndim: int = 2) -> np.ndarray:
+def normalise_gravity(gravity_dir, *, ndim: GridDim = 2) -> Float[np.ndarray, " dim"]:
     """Unit (row, col) direction — (layer, row, col) for ``ndim=3`` —; raises
     InvalidProblemError if unusable."""
     count = {2: "two", 3: "three"}[ndim]
@@ -222,7 +227,8 @@ def normalise_gravity(gravity_dir, ndim: int = 2) -> np.ndarray:
     return g / norm
 
 
-def force_vector(load_mask: np.ndarray, gravity: np.ndarray) -> np.ndarray:
+def force_vector(load_mask: Bool[np.ndarray, "*cells"], gravity: Float[np.ndarray, " dim"]
+                 ) -> Float[np.ndarray, " dofs"]:
     """Unit resultant split equally over the four nodes of every load cell.
 
     Each load cell gives $1 / (4 n_L)$ to each of its nodes (shared nodes
@@ -249,7 +255,7 @@ def force_vector(load_mask: np.ndarray, gravity: np.ndarray) -> np.ndarray:
     return f.reshape(-1)
 
 
-def free_dof_mask(support_mask: np.ndarray) -> np.ndarray:
+def free_dof_mask(support_mask: Bool[np.ndarray, "*cells"]) -> Bool[np.ndarray, " dofs"]:
     """False on both DOFs of all four nodes of every support cell (in 3D: all
     three DOFs of all eight nodes of every support voxel)."""
     if np.ndim(support_mask) == 3:
@@ -263,14 +269,15 @@ def free_dof_mask(support_mask: np.ndarray) -> np.ndarray:
     return np.repeat(~fixed_nodes.reshape(-1), 2)
 
 
-def design_mask_from_input(input_grid, shape: tuple[int, ...], structural: np.ndarray,
-                           ndim: int | None = None):
+def design_mask_from_input(input_grid, shape: tuple[int, ...],
+                           structural: Bool[np.ndarray, "*cells"], *,
+                           ndim: GridDim | None = None) -> Bool[np.ndarray, "*cells"]:
     """``V`` cells of the input grid; all non-L/S cells if it is missing or misfits."""
     mask = None
     if input_grid is not None:
         try:
-            grid = as_grid(input_grid, ndim if ndim is not None else len(shape))
-            if check_rectangular(grid, "input grid") == tuple(shape):
+            grid = as_grid(input_grid, ndim=ndim if ndim is not None else len(shape))
+            if check_rectangular(grid, what="input grid") == tuple(shape):
                 mask = token_masks(grid)[2]
         except InvalidProblemError:
             mask = None
@@ -280,7 +287,7 @@ def design_mask_from_input(input_grid, shape: tuple[int, ...], structural: np.nd
 
 
 def load_case_from_grid(
-    gt_grid, input_grid=None, gravity_dir=None, ndim: int | None = None
+    gt_grid, input_grid=None, gravity_dir=None, *, ndim: GridDim | None = None
 ) -> LoadCase:
     """Boundary conditions of a sample, read from its ground-truth grid.
 
@@ -302,8 +309,8 @@ def load_case_from_grid(
         InvalidProblemError: empty or ragged grid, no ``L`` cell, no ``S`` cell,
             or an unusable gravity direction.
     """
-    grid = as_grid(gt_grid, ndim)
-    shape = check_rectangular(grid, "ground-truth grid")
+    grid = as_grid(gt_grid, ndim=ndim)
+    shape = check_rectangular(grid, what="ground-truth grid")
     dim = len(shape)
     if gravity_dir is None:
         gravity_dir = DEFAULT_GRAVITY_3D if dim == 3 else DEFAULT_GRAVITY
@@ -312,9 +319,9 @@ def load_case_from_grid(
         raise InvalidProblemError("ground-truth grid contains no load ('L') cells")
     if not support.any():
         raise InvalidProblemError("ground-truth grid contains no support ('S') cells")
-    gravity = normalise_gravity(gravity_dir, dim)
+    gravity = normalise_gravity(gravity_dir, ndim=dim)
     pinned, _ = densities_from_grid(grid)
-    design = design_mask_from_input(input_grid, shape, load | support, dim)
+    design = design_mask_from_input(input_grid, shape, load | support, ndim=dim)
     free = free_dof_mask(support)
     force = force_vector(load, gravity) * free
     return LoadCase(
@@ -344,7 +351,7 @@ def index_load_case(case: LoadCase, index) -> LoadCase:
     return jax.tree.map(lambda x: x[index], case)
 
 
-def with_budget(case: LoadCase, volume_fraction) -> LoadCase:
+def with_budget(case: LoadCase, volume_fraction: Float[ArrayLike, "*batch"]) -> LoadCase:
     """The same load case with another material budget."""
     return eqx.tree_at(lambda c: c.volume_fraction, case,
                        jnp.asarray(volume_fraction, dtype=jnp.float64)
@@ -352,7 +359,7 @@ def with_budget(case: LoadCase, volume_fraction) -> LoadCase:
                        else np.asarray(volume_fraction, dtype=np.float64))
 
 
-def fix_samples(case: LoadCase, keep) -> LoadCase:
+def fix_samples(case: LoadCase, keep: Bool[ArrayLike, " batch"]) -> LoadCase:
     """Batched load cases with every DOF of the samples not ``keep`` (B,) fixed.
 
     Such a sample's system is the identity with a zero load: solvers skip it

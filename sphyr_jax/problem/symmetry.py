@@ -21,19 +21,24 @@ different amounts inside one compiled call.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, Shaped
 
 from sphyr_jax.problem.grids import as_grid, check_rectangular
+
+Axis = Literal[0, 1]
+"""A mirror axis, as ``np.flip`` takes it: 0 up-down, 1 left-right."""
 
 DOWN = (1, 0)
 AXIS_DIRECTIONS = ((1, 0), (0, 1), (-1, 0), (0, -1))  # k counter-clockwise turns of down
 ROTATION_TAGS = {1: "3_rotations", 2: "2_rotations", 3: "1_rotations"}  # k -> folder tag
 
 
-def turn_direction(direction, k: int) -> tuple:
+def turn_direction(direction, k: int) -> tuple[float, float]:
     """A (row, col) step turned by k counter-clockwise quarter turns (``np.rot90``)."""
     r, c = (float(v) for v in direction)
     for _ in range(int(k) % 4):
@@ -41,7 +46,7 @@ def turn_direction(direction, k: int) -> tuple:
     return (r + 0.0, c + 0.0)  # no negative zeros
 
 
-def mirror_direction(direction, axis: int) -> tuple:
+def mirror_direction(direction, axis: Axis) -> tuple[float, float]:
     """A (row, col) step mirrored like ``np.flip(grid, axis)`` (0: up-down, 1: left-right)."""
     r, c = (float(v) for v in direction)
     out = (-r, c) if axis == 0 else (r, -c)
@@ -70,14 +75,14 @@ def turn_grid(grid, k: int) -> list[list[str]]:
     return np.rot90(np.array(tokens, dtype=object), int(k) % 4).tolist()
 
 
-def mirror_grid(grid, axis: int) -> list[list[str]]:
+def mirror_grid(grid, axis: Axis) -> list[list[str]]:
     """A text or token grid mirrored like ``np.flip(grid, axis)`` (token rows)."""
     tokens = as_grid(grid)
     check_rectangular(tokens)
     return np.flip(np.array(tokens, dtype=object), axis).tolist()
 
 
-def transform_record(record: dict, k: int = 0, mirror: int | None = None) -> dict:
+def transform_record(record: dict, k: int = 0, *, mirror: Axis | None = None) -> dict:
     """A dataset record mirrored (optional, first) then turned, with its ``gravity_dir``.
 
     Args:
@@ -107,7 +112,8 @@ def turn_records(records: Sequence[dict], k: int) -> list[dict]:
     return [transform_record(r, k) for r in records]
 
 
-def turn_planes(x: jax.Array, k) -> jax.Array:
+def turn_planes(x: Shaped[Array, "*batch h w"], k: Int[ArrayLike, ""]
+                ) -> Shaped[Array, "*batch h w"]:
     """``np.rot90(x, k, axes=(-2, -1))`` with a traced k (square planes for odd k).
 
     Args:
@@ -122,7 +128,8 @@ def turn_planes(x: jax.Array, k) -> jax.Array:
     return jax.lax.switch(jnp.asarray(k) % 4, branches, x)
 
 
-def turn_vector(g: jax.Array, k) -> jax.Array:
+def turn_vector(g: Float[Array, "*batch 2"], k: Int[ArrayLike, "*#batch"]
+                ) -> Float[Array, "*batch 2"]:
     """(row, col) step(s) (..., 2) turned by traced k counter-clockwise quarter turns."""
     k = jnp.asarray(k) % 4
     r, c = g[..., 0], g[..., 1]
@@ -131,6 +138,7 @@ def turn_vector(g: jax.Array, k) -> jax.Array:
     return jnp.stack([cos * r - sin * c, sin * r + cos * c], axis=-1)
 
 
-def mirror_planes(x: jax.Array, flip) -> jax.Array:
+def mirror_planes(x: Shaped[Array, "*batch h w"], flip: Bool[ArrayLike, ""]
+                  ) -> Shaped[Array, "*batch h w"]:
     """Planes (..., h, w) mirrored left-right where the traced flag ``flip`` is true."""
     return jnp.where(flip, jnp.flip(x, axis=-1), x)

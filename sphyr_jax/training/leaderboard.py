@@ -38,7 +38,7 @@ def direction_name(gravity_dir) -> str:
     A voxel direction (layer, row, col) is ``"down"`` for (1, 0, 0), else its steps.
     """
     if np.size(gravity_dir) == 3:
-        g = normalise_gravity(gravity_dir, 3)
+        g = normalise_gravity(gravity_dir, ndim=3)
         return "down" if np.allclose(g, DEFAULT_GRAVITY_3D, atol=1e-12) else (
             "(" + ", ".join(f"{v:.3g}" for v in g) + ")")
     g = normalise_gravity(gravity_dir)

@@ -335,11 +335,11 @@ def grid_features(input_grid, gravity_dir=None) -> np.ndarray:
     down ((1, 0) or (1, 0, 0); the 2D default also means down on voxels).
     """
     grid = as_grid(input_grid)
-    ndim = len(check_rectangular(grid, "input grid"))
+    ndim = len(check_rectangular(grid, what="input grid"))
     load, support, masked = token_masks(grid)
     known, _ = densities_from_grid(grid)  # L/S solid; V and unparsable tokens 0
     gravity_dir = unless_2d_default(gravity_dir, ndim)
     if gravity_dir is None:
         gravity_dir = DEFAULT_GRAVITY if ndim == 2 else DEFAULT_GRAVITY_3D
-    feats = input_features(load, support, masked, known, normalise_gravity(gravity_dir, ndim))
+    feats = input_features(load, support, masked, known, normalise_gravity(gravity_dir, ndim=ndim))
     return np.asarray(feats)
