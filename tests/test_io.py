@@ -173,3 +173,28 @@ def test_atomic_write_files_rejects_duplicates(tmp_path):
     with pytest.raises(ValueError):
         io.atomic_write_files({tmp_path / "a": "1", str(tmp_path / "a"): "2"})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_commit_files_creates_folders_and_removes_them_on_failure(tmp_path, monkeypatch):
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "old.txt").write_text("previous")
+    texts = {kept / "old.txt": "replacement", tmp_path / "a" / "b" / "one.txt": "1",
+             tmp_path / "a" / "c" / "two.txt": "2"}
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if str(dst).endswith("two.txt"):
+            raise OSError("disk full")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        io.commit_files(texts)
+    monkeypatch.undo()
+    # Nothing changed: the old file keeps its bytes, the new folders are gone again.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+    assert (kept / "old.txt").read_text() == "previous" and _leftovers(kept) == []
+
+    io.commit_files(texts)
+    assert [p.read_text() for p in texts] == ["replacement", "1", "2"]

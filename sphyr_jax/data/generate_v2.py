@@ -52,14 +52,17 @@ and ``<k>_random_column`` mask every free cell of $\\max(1,
 \\mathrm{round}(k\\,n/10))$ distinct lines drawn among the lines holding free
 cells (counts capped at what exists; Python's round, halves to even).  Each
 subject draws its masks from its own ``numpy`` generator seeded with
-``[seed, crc32(subject)]``, over the samples in order, so adding a subject or
-changing another never changes a subject's masks.
+``[seed, crc32(subject)]`` (:func:`sphyr_jax.data.datasets.subject_rng`), over
+the samples in order, so adding a subject or changing another never changes a
+subject's masks.
 
 Files: the 16 ``<subject>.jsonl`` files (records ``index``, ``input_grid``,
 ``ground_truth``, ``gravity_dir``), written together or not at all.  The
 candidate stream is one ``numpy.random.default_rng(seed)``; the same seed gives
 the same bytes on the same device setup (the optimiser's floating point can
-differ on another device kind or device count).
+differ on another device kind or device count).  These rules are
+:class:`V2Rules` (drawing, screening, solving, judging, files), run by the
+driver every generator shares (:func:`sphyr_jax.data.generation.generate`).
 """
 
 from __future__ import annotations
