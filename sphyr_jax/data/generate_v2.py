@@ -68,6 +68,7 @@ driver every generator shares (:func:`sphyr_jax.data.generation.generate`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import pathlib
@@ -535,6 +536,11 @@ class V2Answer:
     swaps: int
     degenerate: bool
 
+    @functools.cached_property
+    def solid(self) -> np.ndarray:
+        """(n, n) bool: the easy answer's solid cells (L/S included)."""
+        return self.easy >= 0.5
+
     def info(self) -> dict:
         """The compliances and swaps, as the summary lists them."""
         return {"easy_compliance": self.easy_compliance, "hard_compliance": self.hard_compliance,
@@ -590,8 +596,7 @@ class V2Rules(SamplingRules):
               ) -> str | None:
         if answer.degenerate:
             return "degenerate"
-        solid = answer.easy >= 0.5
-        if any(int(np.count_nonzero(solid != (k.answer.easy >= 0.5))) < MIN_STRUCTURE_DISTANCE
+        if any(int(np.count_nonzero(answer.solid != k.answer.solid)) < MIN_STRUCTURE_DISTANCE
                for k in kept):
             return "structure"
         return None
