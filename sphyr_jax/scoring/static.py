@@ -637,6 +637,23 @@ def static_metrics_batch(
         raise ValueError("gravity_dirs must have one entry per record")
     table = _Tokens()
     directions = _Directions()
+    records = _read_records(table, directions, input_grids, output_grids, gt_grids,
+                            gravity_dirs)
+    results = [StaticMetrics() for _ in range(count)]
+    by_shape: dict[tuple, list[int]] = {}
+    for i, rec in enumerate(records):
+        if rec.shape is not None:
+            by_shape.setdefault(rec.shape, []).append(i)
+    for idx in by_shape.values():
+        _score_shape(table, directions, [records[i] for i in idx], [results[i] for i in idx])
+    return results
+
+
+def _read_records(table: _Tokens, directions: _Directions, input_grids: Sequence,
+                  output_grids: Sequence, gt_grids: Sequence, gravity_dirs: Sequence
+                  ) -> list[_Record]:
+    """Every record's grids as token ids (text read once per distinct text) and its
+    direction's id; an input or output of another shape than the answer is dropped."""
     memo: dict = {}
 
     def encoded(grid, ndim):
@@ -663,15 +680,7 @@ def static_metrics_batch(
             ids, out_shape = encoded(out, ndim)
             rec.output = ids if out_shape == shape else None
         records.append(rec)
-
-    results = [StaticMetrics() for _ in range(count)]
-    by_shape: dict[tuple, list[int]] = {}
-    for i, rec in enumerate(records):
-        if rec.shape is not None:
-            by_shape.setdefault(rec.shape, []).append(i)
-    for idx in by_shape.values():
-        _score_shape(table, directions, [records[i] for i in idx], [results[i] for i in idx])
-    return results
+    return records
 
 
 def _score_shape(table: _Tokens, directions: _Directions, records: list[_Record],
