@@ -164,7 +164,7 @@ def test_load_sensitivity_is_twice_the_displacement(samples, solver, key):
 def test_penalty_derivative_both_modes(samples, solver):
     cases, rho = samples
     case, x = index_load_case(cases, 1), rho[1]
-    f = lambda p: sj.compliance(case, x, p, solver=solver)  # noqa: E731
+    f = lambda p: sj.compliance(case, x, penal=p, solver=solver)  # noqa: E731
     fd = float(_fd(f, 3.0, 1.0))
     np.testing.assert_allclose(float(jax.grad(f)(3.0)), fd, rtol=RTOL_FD)
     np.testing.assert_allclose(float(jax.jvp(f, (3.0,), (1.0,))[1]), fd, rtol=RTOL_FD)

@@ -83,7 +83,7 @@ def optimise(loads, supports, vfs, iterations=80):
     def objective(x):
         rho = physical(x)
         moduli = 1e-9 + rho**3 * (1 - 1e-9)
-        c = system_compliance(moduli, force, free, SOLVER)
+        c = system_compliance(moduli, force, free, solver=SOLVER)
         return jnp.sum(c), c
 
     @jax.jit

@@ -229,7 +229,7 @@ def _solution(load_case: LoadCase, densities, penal=3.0):
     """(displacements (..., nely + 1, nelx + 1, 2), compliance (...)), L/S made solid."""
     rho = np.array(densities, dtype=np.float64)
     rho[..., np.asarray(load_case.load_mask | load_case.support_mask)] = 1.0
-    sol = _solve(load_case, rho, penal)
+    sol = _solve(load_case, rho, penal=penal)
     nely, nelx = load_case.shape
     u = np.asarray(sol.displacements).reshape(rho.shape[:-2] + (nely + 1, nelx + 1, 2))
     return u, np.asarray(sol.compliance)

@@ -277,7 +277,8 @@ def optimise_candidates(candidates: Sequence[Candidate],
     seeds = np.stack([c.seed for c in candidates])
     result = strong_optimum_batch(batch, seeds=seeds, options=options, progress=progress)
     designs = np.asarray(result.densities, np.float64)
-    free = np.asarray(free_budget(batch.design_mask, batch.pinned, batch.volume_fraction, 2)[0])
+    free = np.asarray(free_budget(batch.design_mask, batch.pinned, batch.volume_fraction,
+                                  ndim=2)[0])
     binary = np.all((designs == 0.0) | (designs == 1.0), axis=(-2, -1))
     if not binary.all():
         rounded = np.asarray(binarize(designs, batch.design_mask, batch.pinned, free))

@@ -19,7 +19,6 @@ XLA error with its message; the program fails instead of reading garbage.
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 
 import jax
@@ -144,17 +143,22 @@ def _handler(fn):
 
 
 _LOCK = threading.Lock()
-_KEEP: dict[str, object] = {}  # registered handlers, alive for the process
+# Registered handlers by target name.  XLA keeps a target for the life of the
+# process (compiled programs call it by name), so this registry is never
+# released; it holds one entry per host function of the library.
+_KEEP: dict[str, object] = {}
 
 
-@functools.cache
 def _target(fn) -> str:
     """Register ``fn`` as an FFI target of the CPU platform (once) and name it."""
     name = f"sphyr_jax.{fn.__module__}.{fn.__qualname__}"
-    with _LOCK:
-        handler = _KEEP[name] = _handler(fn)
-        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(_c.cast(handler, _c.c_void_p)),
-                                    platform="cpu")
+    if name not in _KEEP:
+        with _LOCK:
+            if name not in _KEEP:
+                handler = _handler(fn)
+                jax.ffi.register_ffi_target(
+                    name, jax.ffi.pycapsule(_c.cast(handler, _c.c_void_p)), platform="cpu")
+                _KEEP[name] = handler
     return name
 
 

@@ -38,7 +38,7 @@ V-cycle per iteration:
   $10^{-12}$ diagonal shift as safeguard; its inverse $X^T X$, $X = L^{-1}$,
   is formed once per hierarchy, so a coarse solve is one matrix-vector
   product.  Factor and inverse are plain JAX loops
-  (:func:`sphyr_jax.fem._small.spd_inverse_loop`): jaxlib's batched LAPACK
+  (:func:`sphyr_jax.fem.small_spd.spd_inverse_loop`): jaxlib's batched LAPACK
   Cholesky spreads a batch over XLA's CPU thread pool and waits for it, so
   two of them running at once (three solves of a training step, or several
   devices) could block every thread of a small pool for good.
@@ -66,7 +66,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from sphyr_jax.fem import _banded, _lapack, _small, cg
+from sphyr_jax.fem import _banded, _lapack, cg, small_spd
 from sphyr_jax.fem import structured as st
 from sphyr_jax.fem.multigrid_levels import (
     coarse_element_matrices,
@@ -99,7 +99,8 @@ def build_hierarchy(options, moduli, free_lat):
         and the inverse of the coarsest matrix ``coarse_inverse`` (B, n, n).
     """
     dim = moduli.ndim - 1
-    levels = plan(tuple(moduli.shape[:dim]), options.max_coarse_dofs, options.levels)
+    levels = plan(tuple(moduli.shape[:dim]), max_coarse_dofs=options.max_coarse_dofs,
+                  levels=options.levels)
     grid = st.get_grid(levels[0].cells)
     fine_diag = st.diagonal_lattice(grid, moduli, free_lat)
     data = {"moduli": moduli, "free": free_lat, "inv_diag": [1.0 / fine_diag], "kes": [],
@@ -126,7 +127,7 @@ def build_hierarchy(options, moduli, free_lat):
     kd = kd + jax.vmap(jnp.diag)(jnp.moveaxis(st.from_lattice(coarse, springs), -1, 0))
     d = jnp.diagonal(kd, axis1=1, axis2=2)
     kd = kd + jax.vmap(jnp.diag)(jnp.where(d <= 0.0, 1.0, COARSE_SHIFT * d))
-    data["coarse_inverse"] = _small.spd_inverse_loop(kd)
+    data["coarse_inverse"] = small_spd.spd_inverse_loop(kd)
     return data, levels
 
 
@@ -153,7 +154,7 @@ def _coarse_solve(levels, data, b):
     return st.to_lattice(grid, jnp.moveaxis(x, 0, -1))
 
 
-def vcycle(levels, options, data, b, li: int = 0):
+def vcycle(levels, options, data, b, *, li: int = 0):
     """One V-cycle $x \\approx \\tilde K_l^{-1} b$ from a zero initial guess (lattice layout)."""
     if li == len(levels) - 1 and li > 0:
         return _coarse_solve(levels, data, b)
@@ -167,7 +168,7 @@ def vcycle(levels, options, data, b, li: int = 0):
         r = b - _level_matvec(levels, data, li, x)
         if li == 0:
             r = r * data["free"]
-        ec = vcycle(levels, options, data, restrict(levels[li], r), li + 1)
+        ec = vcycle(levels, options, data, restrict(levels[li], r), li=li + 1)
         corr = prolong(levels[li], ec)
         if li == 0:
             corr = corr * data["free"]
@@ -224,7 +225,7 @@ def _with_fallback(grid, moduli, free, rhs, x, converged):
     return jax.lax.cond(jnp.all(converged), lambda _: x, fix, None)
 
 
-def solve(options, moduli, free, rhs, x0=None):
+def solve(options, moduli, free, rhs, *, x0=None):
     """Multigrid-preconditioned CG on flat vectors, with the direct fallback.
 
     Args:

@@ -27,7 +27,6 @@ $K = \sum_e E_e K_e$ assembled from unit-modulus element matrices.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -35,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sphyr_jax.fem.elements import Element, get_element
+from sphyr_jax.runtime import bounded_cache
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -72,7 +72,7 @@ class StructuredGrid:
         return math.prod(self.cells)
 
 
-@functools.lru_cache(maxsize=64)
+@bounded_cache(maxsize=64)
 def get_grid(cells: tuple[int, ...]) -> StructuredGrid:
     """The cached grid of a shape (2 or 3 positive element counts)."""
     cells = tuple(int(n) for n in cells)
@@ -176,7 +176,7 @@ def apply_element_matrices(kes: jax.Array, xe: jax.Array) -> jax.Array:
 # Masked operator, lattice layout.
 
 
-def matvec_lattice(grid: StructuredGrid, moduli, free, x, stencil: bool = False):
+def matvec_lattice(grid: StructuredGrid, moduli, free, x, *, stencil: bool = False):
     """$\\tilde K x$, matrix-free.
 
     Args:

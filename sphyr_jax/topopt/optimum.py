@@ -23,12 +23,15 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from sphyr_jax.fem.array_types import Densities
 from sphyr_jax.io import CorruptFileError, atomic_write_json, read_json
 from sphyr_jax.problem.loadcase import LoadCase, stack_load_cases
 from sphyr_jax.topopt import strong
 from sphyr_jax.topopt import yardstick as _yardstick
 from sphyr_jax.topopt.options import (
+    Progress,
     ReferenceOptions,
+    Yardstick,
     grid_options,
     yardstick_name,
     yardstick_options,
@@ -36,8 +39,9 @@ from sphyr_jax.topopt.options import (
 from sphyr_jax.topopt.result import OptimumResult
 
 
-def optimum_batch(load_case: LoadCase, seeds=None, yardstick="reference",
-                  progress=None) -> OptimumResult:
+def optimum_batch(load_case: LoadCase, seeds: Densities | None = None, *,
+                  yardstick: Yardstick = "reference",
+                  progress: Progress | None = None) -> OptimumResult:
     """Optima of many samples with either yardstick.
 
     Args:
@@ -52,11 +56,13 @@ def optimum_batch(load_case: LoadCase, seeds=None, yardstick="reference",
     """
     options = grid_options(yardstick_options(yardstick), load_case.ndim)
     if isinstance(options, ReferenceOptions):
-        return _yardstick.reference_optimum_batch(load_case, seeds, options, progress)
-    return strong.strong_optimum_batch(load_case, seeds, options, progress)
+        return _yardstick.reference_optimum_batch(load_case, seeds, options=options,
+                                                  progress=progress)
+    return strong.strong_optimum_batch(load_case, seeds, options=options, progress=progress)
 
 
-def optimum(load_case: LoadCase, seed=None, yardstick="reference") -> OptimumResult:
+def optimum(load_case: LoadCase, seed: Densities | None = None, *,
+            yardstick: Yardstick = "reference") -> OptimumResult:
     """The optimum of one sample (see :func:`optimum_batch`).
 
     Returns:
@@ -65,7 +71,7 @@ def optimum(load_case: LoadCase, seed=None, yardstick="reference") -> OptimumRes
     """
     batch = stack_load_cases([load_case])
     seeds = None if seed is None else np.asarray(seed)[None]
-    res = optimum_batch(batch, seeds, yardstick)
+    res = optimum_batch(batch, seeds, yardstick=yardstick)
     return jax.tree.map(lambda a: a[0], res)
 
 
@@ -73,7 +79,8 @@ def optimum(load_case: LoadCase, seed=None, yardstick="reference") -> OptimumRes
 # Cache.
 
 
-def optimum_key(load_case: LoadCase, seed=None, options=None) -> str:
+def optimum_key(load_case: LoadCase, seed: Densities | None = None, *,
+                options: Yardstick | None = None) -> str:
     """Content hash of everything an optimum depends on (one sample), the
     yardstick included (``options.key()`` names it; default: ``reference``)."""
     options = yardstick_options("reference" if options is None else options)
@@ -105,7 +112,8 @@ class OptimumCache:
     def __init__(self, directory: str | os.PathLike | None = None, options=None,
                  max_batch: int = 64, yardstick: str = "reference",
                  num_devices: int | None = None):
-        self.options = yardstick_options(yardstick if options is None else options, num_devices)
+        self.options = yardstick_options(yardstick if options is None else options,
+                                         num_devices=num_devices)
         self.yardstick = yardstick_name(self.options)
         self.max_batch = max(1, int(max_batch))  # samples optimised per batch (memory)
         self.directory = pathlib.Path(directory) if directory else None
@@ -142,7 +150,7 @@ class OptimumCache:
 
     def put(self, case: LoadCase, seed, result: OptimumResult) -> None:
         """Store the optimum ``result`` (one sample) of ``case`` and ``seed``."""
-        self._store(optimum_key(case, seed, grid_options(self.options, case.ndim)),
+        self._store(optimum_key(case, seed, options=grid_options(self.options, case.ndim)),
                     _entry(result))
 
     def _store(self, key: str, entry: dict) -> dict:
@@ -161,7 +169,8 @@ class OptimumCache:
     def get_many(self, cases: Sequence[LoadCase], seeds=None, progress=None) -> OptimumResult:
         """Optima of many samples; computes the missing ones in one batch."""
         keys = [optimum_key(c, None if seeds is None else seeds[i],
-                            grid_options(self.options, c.ndim)) for i, c in enumerate(cases)]
+                            options=grid_options(self.options, c.ndim))
+                for i, c in enumerate(cases)]
         entries: dict[str, dict] = {}
         missing: dict[str, int] = {}
         for i, key in enumerate(keys):
@@ -184,7 +193,7 @@ class OptimumCache:
             idx = [i for _, i in part]
             batch = stack_load_cases([cases[i] for i in idx])
             sd = None if seeds is None else np.stack([np.asarray(seeds[i]) for i in idx])
-            res = optimum_batch(batch, sd, self.options, progress)
+            res = optimum_batch(batch, sd, yardstick=self.options, progress=progress)
             self.computed += len(idx)
             if progress is not None:
                 progress("optima", lo + len(part), len(pending))
