@@ -156,11 +156,12 @@ def release_memory_after_compiles() -> None:
     process, however often called).
 
     XLA's CPU compiler builds every kernel of a program before it frees them
-    all, and glibc keeps the freed pages in its per-thread heaps: after the
-    voxel yardstick's compilation (about 1.2 GB of scratch) the process stayed
-    about 0.8 GB larger than it needed for the rest of its life, and the
-    programs' buffers then grew on top.  Trimming costs milliseconds a
-    compilation and changes no result.
+    all, and glibc keeps the freed pages in its per-thread heaps: after a
+    large compilation (the voxel yardstick's) the process stays larger by
+    most of the compiler's scratch memory for the rest of its life, and the
+    programs' buffers then grow on top.  Trimming costs a pass over the heap
+    per compilation and changes no result (``benchmarks/optimum3d.py`` prints
+    the peak memory).
     """
     global _trimming
     if not _trimming:

@@ -76,8 +76,9 @@ def assert_close_scaled(actual, desired, rtol: float) -> None:
 # a whole suite in one process loads thousands of programs, and past the
 # kernel's limit on mappings (vm.max_map_count, 65,530 by default) loading the
 # next one aborts the interpreter.  Past MAP_BUDGET mappings the compiled
-# programs are released between test modules (JAX's caches reload them from
-# the persistent compilation cache when a later module needs them again).
+# programs are released between test modules by the library's one call for
+# it, ``sphyr_jax.runtime.clear_caches`` (JAX's caches reload them from the
+# persistent compilation cache when a later module needs them again).
 MAP_BUDGET = 20_000
 
 
@@ -93,7 +94,9 @@ def _mapping_count() -> int:
 def _release_compiled_programs():
     yield
     if _mapping_count() > MAP_BUDGET:
-        jax.clear_caches()
+        from sphyr_jax.runtime import clear_caches
+
+        clear_caches()
         gc.collect()
 
 

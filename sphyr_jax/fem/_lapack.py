@@ -4,7 +4,7 @@ LAPACK's blocked banded Cholesky (``dpbtrf``) and its solves (``dpbtrs``,
 ``dtbtrs``) run at the speed of tuned matrix kernels: a factorisation costs
 $O(n k^2)$ for $n$ DOFs and half-bandwidth $k$, like the same factorisation
 written as XLA loops (:mod:`sphyr_jax.fem._banded`), with a smaller constant
-(``benchmarks/fea_throughput.py`` compares the two).  The routines are
+(``benchmarks/scaling.py`` times both, and the multigrid CG, per grid size).  The routines are
 SciPy's own LAPACK, reached through the function pointers that
 ``scipy.linalg.cython_lapack`` exports and called through :mod:`ctypes`,
 which releases the interpreter lock during each call, so the samples of a
@@ -17,7 +17,7 @@ thread and registers nothing); it is shut down at interpreter exit, or by
 :func:`shutdown_threads`, and a forked child makes its own.
 
 Compiled programs call in through an XLA foreign-function target
-(:mod:`sphyr_jax.fem.host`: one call per batch, about 20 us of overhead, the
+(:mod:`sphyr_jax.fem.host`: one call per batch, a fixed overhead per call, the
 program's buffers read in place), so this serves CPU programs, on one device
 or several at once; elsewhere the XLA factorisation is used
 (:class:`~sphyr_jax.fem.solvers.Banded`).
@@ -98,8 +98,8 @@ def scipy_openblas() -> str | None:
     NumPy and SciPy wheels each bundle their own OpenBLAS (NumPy's the 64-bit
     integer build); SciPy's lives in the ``scipy.libs`` folder beside the
     package.  Limiting the wrong one leaves ``dpbtrf`` on every core, where
-    its threads spin-wait for each other: measured 40x slower per
-    factorisation with two such processes on a 2-core machine.
+    its threads spin-wait for each other, many times slower per
+    factorisation when two such processes share the cores.
     """
     import scipy
 
@@ -176,7 +176,7 @@ def _pool() -> ThreadPoolExecutor:
 # per sample ($n k^2$ for a factorisation): handing work to another thread and
 # back costs a fixed overhead, and each sample's assembly holds the
 # interpreter lock, so small bands and small batches gain nothing from more
-# threads.  ``benchmarks/host_call.py`` measures where spreading pays.
+# threads.
 _SPREAD_FLOPS = 3e6
 _SPREAD_FLOPS_EACH = 1e5
 

@@ -25,14 +25,15 @@ V-cycle per iteration:
   every fixed fine DOF gets a spring of :data:`SPRING` times its diagonal
   stiffness, lumped onto the coarse DOFs by restriction
   ($\mathrm{diag}(P^T s)$).  Building a level is then a few matrix
-  products instead of a masked triple product per element (about 10x less
-  time on voxel grids), and the cycle needs about one more CG iteration than
+  products instead of a masked triple product per element, and the cycle
+  needs about one more CG iteration than
   with the exactly masked operators $P^T D K D P$.  The fine level is the
   exact masked operator, so the solution is unchanged.
 * Smoother: damped Jacobi ($\omega = 0.5$; 3 sweeps before and after the
   coarse correction on the finest level, 1 on coarser ones; symmetric, so
-  the V-cycle is an SPD preconditioner).  Defaults measured best on the
-  converted SPhyR-3D answers (about 30 iterations to $10^{-10}$).
+  the V-cycle is an SPD preconditioner).  Defaults chosen on the
+  converted SPhyR-3D answers (``benchmarks/fea3d_throughput.py`` takes the
+  cycle's options as flags and measures them).
 * Coarsest level: dense Cholesky of the assembled Galerkin matrix, rows
   without stiffness (padding) replaced by the identity, a relative
   $10^{-12}$ diagonal shift as safeguard; its inverse $X^T X$, $X = L^{-1}$,
@@ -65,9 +66,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Bool
 
 from sphyr_jax.fem import _banded, _lapack, cg, small_spd
 from sphyr_jax.fem import structured as st
+from sphyr_jax.fem.array_types import Codes, FreeMask, Moduli, Vectors
 from sphyr_jax.fem.multigrid_levels import (
     coarse_element_matrices,
     galerkin_from_fine,
@@ -204,10 +207,10 @@ def _with_fallback(grid, moduli, free, rhs, x, converged):
 
     In CPU programs, one batched call of LAPACK's banded Cholesky on the host
     (:mod:`sphyr_jax.fem._lapack`, any dimension; the converged samples enter
-    as identities and cost nothing): on a 10x10x10 voxel grid about 50 ms a
-    sample against about 1 s for the dense factorisation, and no dense
-    matrix in the program.  Elsewhere :func:`direct_solve`, one sample at a
-    time.
+    as identities and cost nothing): $O(n k^2)$ per sample for the
+    half-bandwidth $k$ of the grid, against $O(n^3)$ for a dense
+    factorisation, and no dense matrix in the program.  Elsewhere
+    :func:`direct_solve`, one sample at a time.
     """
     def on_host(_):
         failed = free * (1.0 - converged.astype(free.dtype))
@@ -225,7 +228,8 @@ def _with_fallback(grid, moduli, free, rhs, x, converged):
     return jax.lax.cond(jnp.all(converged), lambda _: x, fix, None)
 
 
-def solve(options, moduli, free, rhs, *, x0=None):
+def solve(options, moduli: Moduli, free: FreeMask, rhs: Vectors, *, x0: Vectors | None = None
+          ) -> tuple[Vectors, Bool[Array, " batch"], Codes]:
     """Multigrid-preconditioned CG on flat vectors, with the direct fallback.
 
     Args:

@@ -256,8 +256,8 @@ class Banded(AbstractFactorSolver):
     def cpu_chunk(self, grid: st.StructuredGrid) -> int:
         """Samples per chunk on CPU: a power of two whose factors fit in
         :data:`FACTOR_BYTES`, at most 64 for LAPACK and 32 for the XLA loops
-        (the XLA factorisation of a larger chunk works on a window that leaves
-        the cache: ``benchmarks/fea_throughput.py`` measures both)."""
+        (the XLA factorisation's working set grows with the chunk, and past
+        the cache each solve slows down)."""
         plan = self.plan(grid)
         if self.uses_lapack(grid):
             per_sample, cap = 8 * plan.n_dofs * (plan.half_bandwidth + 1), 64

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from sphyr_jax.fem.array_types import Densities
 
@@ -31,7 +32,9 @@ def _flat(a, ndim: int):
     return a.reshape(a.shape[: a.ndim - ndim] + (-1,)) if ndim != 1 else a
 
 
-def free_budget(design_mask, pinned, volume_fraction, *, ndim: int = 1):
+def free_budget(design_mask: Bool[ArrayLike, "*batch_cells"], pinned: Densities,
+                volume_fraction: Float[ArrayLike, "*batch"], *, ndim: int = 1
+                ) -> tuple[Float[Array, "*batch"], Float[Array, "*batch"]]:
     """Material (cells) left for the design cells, and the pinned material.
 
     Args:
@@ -57,7 +60,8 @@ def budget_limit(volume_fraction, nel: int):
     return volume_fraction * nel + BUDGET_SLACK
 
 
-def round_to_budget(x, design_mask, budget):
+def round_to_budget(x: Float[Array, "*batch cells"], design_mask: Bool[Array, "*batch cells"],
+                    budget: Float[Array, "*batch"]) -> Float[Array, "*batch cells"]:
     """The published budget rounding of designs (..., nel).
 
     With $t = \\lfloor budget + 10^{-9} \\rfloor$ the design cells at or above the

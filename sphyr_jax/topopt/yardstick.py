@@ -146,7 +146,7 @@ def simp_solver(shape: tuple[int, ...]) -> tuple[AbstractSolver, bool]:
     on square grids while a multigrid iteration grows as $n_{elx}^2$, which
     sets the crossover; with LAPACK only the slots running a run pay a
     factorisation (a slot without a run costs nothing, see :func:`_energies`).
-    ``benchmarks/optimum.py`` measures the yardstick with this choice.
+    ``benchmarks/scaling.py`` times the three methods per solve and grid size.
     """
     if len(shape) == 2 and (math.prod(shape) < SIMP_MULTIGRID_CELLS
                             or Banded().uses_lapack(get_grid(shape))):
@@ -310,10 +310,10 @@ def pool_sizes(n_slots: int) -> tuple[int, ...]:
     into one and the stragglers stop paying for finished slots.  A run's
     arithmetic does not depend on the pool around it (the solves and the
     optimality-criteria steps are per slot), so its result is the same.  Each
-    pool size is another copy of the SIMP step in the program: on voxel grids
-    (multigrid CG) shrinking 8 slots to 2 saved no time (``validate
-    --subject=full_easy_3d`` warm: 29 s either way) and cost 6 s of
-    compilation and 300 MB, while 16 slots to 4 saved 10%.
+    pool size is another copy of the SIMP step in the program (compilation
+    time and memory), so small pools do not shrink: a smaller pool pays only
+    when it saves many slots' solves (``benchmarks/optimum3d.py`` measures
+    the voxel yardstick's time and memory).
     """
     out = [n_slots]
     while out[-1] // 4 >= 4:
