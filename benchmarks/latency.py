@@ -212,7 +212,7 @@ COMPILE_BUDGET = """
         ("solve", lambda: sj.solve(case, rho)),
         ("analyze", lambda: sj.analyze(case, rho)),
         ("grad of compliance", lambda: jax.grad(sj.compliance, argnums=1)(case, rho)),
-        ("optimize (SIMP, 3 runs)", lambda: sj.optimize(batch, 3.0)),
+        ("optimize (SIMP, 3 runs)", lambda: sj.optimize(batch, penal=3.0)),
         ("reference yardstick", lambda: sj.optimum(case)),
         ("get_structural_metrics (rest)",
          lambda: sj.get_structural_metrics(rec["ground_truth"], rec["ground_truth"],
