@@ -118,7 +118,7 @@ def _no_iterations(rhs):
     return jnp.zeros(rhs.shape[-1:], jnp.int32)
 
 
-Solution = tuple[Vectors, Codes, Codes]  # (x, result, iterations) of one compute
+Computed = tuple[Vectors, Codes, Codes]  # (x, result, iterations) of one solve
 
 
 class AbstractSolver(abc.ABC):
@@ -145,11 +145,11 @@ class AbstractSolver(abc.ABC):
 
     @abc.abstractmethod
     def init(self, grid: st.StructuredGrid, moduli: Moduli, free: FreeMask) -> Any:
-        """The reusable state of the systems $\tilde K(E)$ (a PyTree, batch-last)."""
+        r"""The reusable state of the systems $\tilde K(E)$ (a PyTree, batch-last)."""
 
     @abc.abstractmethod
     def compute(self, grid: st.StructuredGrid, state: Any, rhs: Vectors,
-                x0: Vectors | None = None) -> Solution:
+                x0: Vectors | None = None) -> Computed:
         """Solve with the state of :meth:`init`: ``(x, result, iterations)``.
 
         ``rhs`` and ``x`` are (n_dofs, ..., B); ``x0`` is an initial guess of
@@ -158,7 +158,7 @@ class AbstractSolver(abc.ABC):
         """
 
     def init_compute(self, grid: st.StructuredGrid, moduli: Moduli, free: FreeMask,
-                     rhs: Vectors) -> Solution:
+                     rhs: Vectors) -> Computed:
         """:meth:`init` then :meth:`compute`, keeping no state (cheapest for one use)."""
         return self.compute(grid, self.init(grid, moduli, free), rhs)
 
@@ -181,7 +181,7 @@ class AbstractSolver(abc.ABC):
 
 
 class AbstractFactorSolver(AbstractSolver):
-    """A solver whose state is a factorisation $\tilde K = L L^T$.
+    r"""A solver whose state is a factorisation $\tilde K = L L^T$.
 
     Besides solves it applies $L^{-1}$, which the swap polishes use to score
     low-rank changes of $\tilde K$ (:mod:`sphyr_jax.topopt.swaps`).
