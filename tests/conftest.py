@@ -22,6 +22,7 @@ if COMPILE_CACHE:
     enable_compilation_cache(COMPILE_CACHE)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+SETS = REPO / "sphyr_jax" / "data" / "sets"  # the embedded sets, package data
 # The shared reference data lie beside the checkout; $SPHYR_JAX_SHARED names another folder.
 SHARED = (pathlib.Path(os.environ.get("SPHYR_JAX_SHARED") or REPO.parent / "shared")
           / "sphyr_reference")

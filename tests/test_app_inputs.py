@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 from absl import flags
-from conftest import IN_CI, REPO
+from conftest import IN_CI, REPO, SETS
 
 import sphyr_jax as sj
 from sphyr_jax.app import cli, common
@@ -253,7 +253,7 @@ def test_size_guard_reports_too_large_quickly():
 
 
 def test_convert_rejects_unsolvable_raw_samples(tmp_path):
-    raw = REPO / "data" / "dataset" / "raw"
+    raw = SETS / "dataset" / "raw"
     files = sorted(raw.glob("*_SPhyR_2D.csv"))[:2]
     assert files, "the embedded raw samples are missing"
     folder = tmp_path / "raw"
@@ -310,7 +310,7 @@ def test_evaluate_feedback_rounds_and_resample(tmp_path, monkeypatch, optimum_ca
     from sphyr_jax.evaluation.baselines import fill_masked
     from sphyr_jax.evaluation.prompts import sample_order
 
-    records = sample_order(load_subject(str(REPO / "data" / "dataset"), "full_easy"), 2)
+    records = sample_order(load_subject(str(SETS / "dataset"), "full_easy"), 2)
     expected = np.mean([sj.get_structural_metrics(fill_masked(r["input_grid"], "1"),
                                                   r["ground_truth"], r["input_grid"],
                                                   cache=optimum_cache).topology_score

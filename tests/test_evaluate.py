@@ -11,7 +11,7 @@ import time
 import pytest
 from absl import flags
 from chat_server import ChatServer, Reply, solid_fill
-from conftest import COMPILE_CACHE, GPT4O_RESULTS, REPO, require_shared, store_optima
+from conftest import COMPILE_CACHE, GPT4O_RESULTS, REPO, SETS, require_shared, store_optima
 
 from sphyr_jax import get_structural_metrics
 from sphyr_jax.app import cli, common
@@ -34,7 +34,7 @@ def data(tmp_path_factory):
     """8 records of SUBJECT and 2 of OTHER from the embedded dataset."""
     root = tmp_path_factory.mktemp("evaluate_data")
     for subject, n in ((SUBJECT, 8), (OTHER, 2)):
-        lines = (REPO / "data" / "dataset" / f"{subject}.jsonl").read_text().splitlines()
+        lines = (SETS / "dataset" / f"{subject}.jsonl").read_text().splitlines()
         (root / f"{subject}.jsonl").write_text("\n".join(lines[:n]) + "\n")
     return root
 

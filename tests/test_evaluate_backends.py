@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 from chat_server import ChatServer, Reply, solid_fill
-from conftest import REPO
+from conftest import SETS
 
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation import backends, baselines
@@ -21,7 +21,7 @@ SECRET = "sk-test-0123456789abcdef"
 
 
 def _records(subject):
-    path = REPO / "data" / "dataset" / f"{subject}.jsonl"
+    path = SETS / "dataset" / f"{subject}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 

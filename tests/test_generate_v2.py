@@ -5,7 +5,7 @@ and N = 20.  A small generated set (4 samples at N = 10, cheap SIMP settings)
 through the library and the app: files, records, rules, separations, same seed
 same bytes, and every answer load carrying under its own direction with the
 compliance of an independent SciPy Q4 model loaded along that direction.  The
-shipped sets (``data/dataset_v2``, ``data/dataset_v2_20``): the same rules
+shipped sets (the embedded ``dataset_v2`` and ``dataset_v2_20``): the same rules
 read off the files, and SciPy compliance of every answer.
 """
 
@@ -20,7 +20,7 @@ import pytest
 import scipy.sparse
 import scipy.sparse.linalg
 from absl import flags
-from conftest import REPO
+from conftest import SETS
 
 import sphyr_jax
 from sphyr_jax.app import cli, common
@@ -412,7 +412,7 @@ def test_app_refuses_v1_options_for_v2(argv, message, tmp_path, monkeypatch, cap
 
 @pytest.mark.parametrize("version, n", [("v2", 10), ("v2-20", 20)])
 def test_shipped_sets_follow_the_rules(version, n):
-    folder = REPO / "data" / {"v2": "dataset_v2", "v2-20": "dataset_v2_20"}[version]
+    folder = SETS / {"v2": "dataset_v2", "v2-20": "dataset_v2_20"}[version]
     assert dataset_source(version) == str(folder)
     samples = check_v2_folder(folder, n, 100)
     assert {s["gravity"] for s in samples} == DIRECTIONS
@@ -427,7 +427,7 @@ def test_shipped_sets_regenerate_byte_for_byte(version, n, count, tmp_path):
     settings, record for record in every subject (the candidate stream, the kept
     order and the per-subject masks do not depend on how many samples are asked for, and
     the answers not on how many candidates are solved together)."""
-    folder = REPO / "data" / {"v2": "dataset_v2", "v2-20": "dataset_v2_20"}[version]
+    folder = SETS / {"v2": "dataset_v2", "v2-20": "dataset_v2_20"}[version]
     g2.generate_v2_dataset(tmp_path, count, seed=0, grid_size=n, num_devices=1, batch_size=2)
     for name in list_subjects():
         ours = (tmp_path / f"{name}.jsonl").read_text().splitlines()

@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 from absl import flags
-from conftest import REPO
+from conftest import REPO, SETS
 from test_generate_v2 import scipy_compliance
 
 from sphyr_jax.app import common
@@ -86,10 +86,10 @@ def test_loader_keeps_and_checks_the_direction(tmp_path):
 
 
 def test_embedded_sets_by_version(tmp_path):
-    assert dataset_source("v1") == str(REPO / "data" / "dataset")
-    assert dataset_source("v1", dim=3) == str(REPO / "data" / "dataset_3d")
-    assert dataset_source("v2") == str(REPO / "data" / "dataset_v2")
-    assert dataset_source("v2-20") == str(REPO / "data" / "dataset_v2_20")
+    assert dataset_source("v1") == str(SETS / "dataset")
+    assert dataset_source("v1", dim=3) == str(SETS / "dataset_3d")
+    assert dataset_source("v2") == str(SETS / "dataset_v2")
+    assert dataset_source("v2-20") == str(SETS / "dataset_v2_20")
     assert tuple(common.DATASET_VERSIONS) == ("v1", "v2", "v2-20")
     for args in (("v3",), ("v2", 3)):
         with pytest.raises(DatasetError):

@@ -372,7 +372,8 @@ def test_completions_keep_known_cells_and_format_in_every_direction(trained, dat
 
 
 def test_embedded_turned_datasets_match_the_turned_records():
-    """data/dataset_<n>_rotations holds data/dataset turned with the direction its name encodes."""
+    """The embedded dataset_<n>_rotations hold dataset turned with the direction their name
+    encodes."""
     from sphyr_jax.data.datasets import list_subjects, load_subject
     from sphyr_jax.problem.loadcase import gravity_from_folder
 
