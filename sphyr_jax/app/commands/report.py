@@ -16,6 +16,8 @@ flags.DEFINE_list("report_metrics", [],
 flags.DEFINE_bool("figures", True, "Also draw a bar chart per metric and difficulty "
                   "(PNG and PDF; needs matplotlib).")
 
+SHARED = ("results_root", "output_dir", "output_json")
+
 FLAGS = flags.FLAGS
 
 
