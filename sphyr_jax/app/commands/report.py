@@ -45,6 +45,9 @@ def main() -> int:
         print(f"{experiment}: {out}/{experiment}.md, {out}/{experiment}.tex")
     for experiment, model, subject in summary.missing:
         print(f"missing: {experiment} {model} {subject}", file=sys.stderr)
+    if summary.unscored:
+        print(f"no table of {', '.join(summary.unscored)}: no record holds them; add them with "
+              f"python -m sphyr_jax rescore --results_root={root}", file=sys.stderr)
     print(summary.line())
     common.write_json({"experiments": summary.experiments, "files": summary.files,
                        "missing": summary.missing})
