@@ -37,11 +37,17 @@ Progress = Callable[[str, int, int], None]
 
 @dataclasses.dataclass
 class _Stage:
-    start: float  # when the stage (its current run) started
     offset: int = 0  # count of its earlier runs
     done: int = 0
     total: int = 0
+    spent: float = 0.0  # seconds of its earlier runs
+    started: float | None = None  # when its current run started (None: not running)
     bar: object = None  # a tqdm bar on a terminal
+
+    def elapsed(self) -> float:
+        """Seconds the stage has run (its runs only, not the time between them)."""
+        running = time.perf_counter() - self.started if self.started is not None else 0.0
+        return self.spent + running
 
 
 class ProgressBar:
@@ -73,15 +79,18 @@ class ProgressBar:
         if not self.enabled or total <= 0:
             return
         done, total = max(0, min(int(done), int(total))), int(total)
+        now = time.perf_counter()
         with self._lock:
-            st = self._stages.get(stage)
-            if st is None:
-                st = self._stages[stage] = _Stage(start=time.perf_counter())
-            elif st.done >= st.total:  # it had reached its total
-                if (done, total) == (st.done, st.total):
+            st = self._stages.setdefault(stage, _Stage())
+            if st.started is None:  # a new stage, or one that had reached its total
+                if st.total and (done, total) == (st.done, st.total):
                     return  # the same end reported again
                 st.offset += st.total  # it starts again: one count for the whole stage
+                st.started = now
             st.done, st.total = done, total
+            if done >= total:
+                st.spent += now - st.started
+                st.started = None
             if self.terminal:
                 self._draw(stage, st)
             elif done >= total:
@@ -91,17 +100,14 @@ class ProgressBar:
         if st.bar is None:
             st.bar = _bar_class()(total=st.offset + st.total, desc=stage, file=self.stream,
                                   dynamic_ncols=True, leave=True, mininterval=0.0)
+            st.bar.clock = st.elapsed
             self._start_ticker()
-        bar = st.bar
-        bar.total = st.offset + st.total
-        bar.n = st.offset + st.done
-        bar.stopped_at = None
-        bar.refresh()
-        if st.done >= st.total:  # the clock stops with the stage (a later run restarts it)
-            bar.stopped_at = bar.format_dict["elapsed"]
+        st.bar.total = st.offset + st.total
+        st.bar.n = st.offset + st.done
+        st.bar.refresh()
 
     def _line(self, stage: str, st: _Stage) -> None:
-        seconds = time.perf_counter() - st.start
+        seconds = st.elapsed()
         count = st.offset + st.done
         rate = f"{count / seconds:.3g}/s" if seconds > 0 else "-"
         self.stream.write(f"{stage}: {count}/{st.offset + st.total} in {seconds:.1f} s "
@@ -118,7 +124,7 @@ class ProgressBar:
         while not self._stop.wait(self.refresh_s):
             with self._lock:
                 for st in self._stages.values():
-                    if st.bar is not None and st.done < st.total:
+                    if st.bar is not None and st.started is not None:
                         st.bar.refresh()
 
     def close(self) -> None:
@@ -141,17 +147,17 @@ class ProgressBar:
 
 @functools.cache
 def _bar_class():
-    """A ``tqdm`` bar whose elapsed time can stop when its stage ends (imported on first use)."""
+    """A ``tqdm`` bar timed by its stage's own clock (imported on first use)."""
     from tqdm import tqdm
 
     class Bar(tqdm):
-        stopped_at: float | None = None
+        clock = None  # the stage's elapsed seconds: its runs, stopped while it waits
 
         @property
         def format_dict(self):
             values = super().format_dict
-            if self.stopped_at is not None:
-                values["elapsed"] = self.stopped_at
+            if self.clock is not None:
+                values["elapsed"] = self.clock()
             return values
 
     return Bar

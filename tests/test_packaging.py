@@ -19,7 +19,6 @@ import sysconfig
 import venv
 import zipfile
 
-import pytest
 from conftest import REPO, child_env
 
 from sphyr_jax.data import EMBEDDED_SETS, list_subjects
@@ -27,8 +26,6 @@ from sphyr_jax.data import EMBEDDED_SETS, list_subjects
 
 def _build_wheel(tmp_path) -> str:
     """A wheel of a copy of the checkout (the build leaves nothing in the checkout)."""
-    if sys.version_info < (3, 11):
-        pytest.skip("the packaging test builds with Python >= 3.11")
     source = tmp_path / "source"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
     shutil.copytree(REPO / "sphyr_jax", source / "sphyr_jax", ignore=ignore)

@@ -57,11 +57,16 @@ def app_flags() -> dict:
             if name in modules for flag in found}
 
 
+def _shared(name: str) -> list[str]:
+    """The shared flags a command reads: those it names, and the start-up ones (all)."""
+    return sorted(set(COMMANDS[name].SHARED) | set(common.RUNTIME))
+
+
 def command_flags(name: str) -> list[str]:
-    """The flags a command reads: its own, then the shared ones it names, sorted."""
+    """The flags a command reads: its own, then the shared ones it uses, sorted."""
     module = COMMANDS[name]
     own = sorted({f.name for f in FLAGS.flags_by_module_dict().get(module.__name__, [])})
-    return own + sorted(set(module.SHARED))
+    return own + _shared(name)
 
 
 def _flag_help(flag) -> str:
@@ -76,8 +81,9 @@ def _flag_help(flag) -> str:
 def command_help(name: str) -> str:
     """A command's summary and the flags it reads (its own, then the shared ones it uses)."""
     module = COMMANDS[name]
-    own = [FLAGS[f] for f in command_flags(name) if f not in module.SHARED]
-    shared = [FLAGS[f] for f in sorted(set(module.SHARED))]
+    shared = _shared(name)
+    own = [FLAGS[f] for f in command_flags(name) if f not in shared]
+    shared = [FLAGS[f] for f in shared]
     parts = [f"usage: {PROGRAM} {name} [--flags]", "", module.SUMMARY]
     if module.__doc__ and "\n\n" in module.__doc__:
         parts += ["", textwrap.dedent(module.__doc__.split("\n\n", 1)[1]).strip()]

@@ -48,7 +48,7 @@ FLAGS = flags.FLAGS
 
 
 RUNTIME = ("cpu_devices", "compilation_cache_dir")
-"""Start-up flags of every command that runs JAX programs."""
+"""Start-up flags (:func:`setup`): every command reads them."""
 SCORING = ("num_devices", "cache_dir", "optimum")
 """Flags of every command that computes optima (:func:`cache`)."""
 

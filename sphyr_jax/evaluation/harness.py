@@ -716,6 +716,7 @@ class _Run:
     async def run(self) -> None:
         queue = deque((st, i) for st in self.subjects for i in st.missing())
         self.to_ask = len(queue)
+        self._report("answers", 0, self.to_ask)  # the stage shows from its start
         workers = [asyncio.ensure_future(self._worker(queue))
                    for _ in range(min(self.concurrency, len(queue)))]
         scorer = asyncio.ensure_future(self._scorer())

@@ -61,7 +61,7 @@ flags.DEFINE_bool("resample", False,
                   "original prompt instead of revisions.")
 
 SHARED = ("dataset_dir", "dataset_version", "results_root", "seed", "design_efficiency",
-          "output_json", "progress", *common.SCORING, *common.RUNTIME)
+          "output_json", "progress", *common.SCORING)
 
 FLAGS = flags.FLAGS
 

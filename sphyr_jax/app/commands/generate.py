@@ -34,8 +34,7 @@ flags.DEFINE_list("gravity_dirs", ["down"],
                   "Load directions to draw from: down,up,left,right (v1 only; v2 draws from "
                   "the eight axis and diagonal directions).")
 
-SHARED = ("output_dir", "seed", "dataset_version", "num_devices", "output_json", "progress",
-          *common.RUNTIME)
+SHARED = ("output_dir", "seed", "dataset_version", "num_devices", "output_json", "progress")
 
 FLAGS = flags.FLAGS
 

@@ -15,7 +15,7 @@ flags.DEFINE_string("input", None, "A results file, a validate --output_json, a 
 flags.DEFINE_integer("index", 0, "Record of a results file to plot.", lower_bound=0)
 flags.DEFINE_string("output", "plot.png", "PNG to write.")
 
-SHARED = (*common.SCORING, *common.RUNTIME)
+SHARED = common.SCORING
 
 FLAGS = flags.FLAGS
 

@@ -20,8 +20,7 @@ SUMMARY = "Score every record of a results tree in place and print the leaderboa
 flags.DEFINE_bool("dry_run", False, "Compute the metrics but write nothing.")
 flags.DEFINE_integer("chunk", 4096, "Records scored per batch (bounds memory).", lower_bound=1)
 
-SHARED = ("results_root", "design_efficiency", "output_json", "progress", *common.SCORING,
-          *common.RUNTIME)
+SHARED = ("results_root", "design_efficiency", "output_json", "progress", *common.SCORING)
 
 FLAGS = flags.FLAGS
 

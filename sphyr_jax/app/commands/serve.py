@@ -20,7 +20,7 @@ flags.DEFINE_float("lifetime_s", 0.0, "Stop by itself after this many seconds (0
 flags.DEFINE_float("batch_window_ms", 2.0, "While sessions' steps overlap, how long the first "
                    "step of a batch waits for others to be scored with it.", lower_bound=0.0)
 
-SHARED = ("dataset_dir", "dataset_version", "results_root", *common.SCORING, *common.RUNTIME)
+SHARED = ("dataset_dir", "dataset_version", "results_root", *common.SCORING)
 
 FLAGS = flags.FLAGS
 

@@ -13,7 +13,7 @@ flags.DEFINE_string("subject", "full_easy", "Subject to validate.")
 flags.DEFINE_integer("samples", 20, "Records of the subject to validate.", lower_bound=1)
 
 SHARED = ("dataset_dir", "dataset_version", "design_efficiency", "output_json", "progress",
-          *common.SCORING, *common.RUNTIME)
+          *common.SCORING)
 
 FLAGS = flags.FLAGS
 
