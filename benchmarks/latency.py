@@ -37,7 +37,8 @@ import textwrap
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA = REPO / "data" / "dataset"
+SETS = REPO / "sphyr_jax" / "data" / "sets"  # the embedded sets (sphyr_jax.data.embedded)
+DATA = SETS / "dataset"
 MIXED = ("full_easy", "full_hard", "5_random_cell_easy", "10_random_cell_hard",
          "1_random_column_hard", "3_random_column_easy", "1_random_row_easy",
          "3_random_row_hard")

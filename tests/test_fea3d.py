@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spl
-from conftest import REPO, SHARED, report, require_shared
+from conftest import SETS, SHARED, report, require_shared
 
 import sphyr_jax as sj
 from sphyr_jax.data.convert import read_raw_csv_3d
@@ -467,7 +467,7 @@ def test_every_converted_3d_answer_is_load_carrying(real_3d):
 # ----------------------------------------------------------------------------
 # The public API in 3D: the same functions as in 2D.
 
-EMBEDDED_3D = REPO / "data" / "dataset_3d"
+EMBEDDED_3D = SETS / "dataset_3d"
 
 
 @pytest.fixture(scope="module")
@@ -629,7 +629,7 @@ def test_rescore_tree_with_voxel_and_2d_results(tmp_path, optimum_cache):
     from sphyr_jax.scoring.results import rescore_tree
 
     rec3 = json.loads((EMBEDDED_3D / "full_easy_3d.jsonl").read_text().splitlines()[1])
-    rec2 = json.loads((REPO / "data" / "dataset" / "full_easy.jsonl").read_text()
+    rec2 = json.loads((SETS / "dataset" / "full_easy.jsonl").read_text()
                       .splitlines()[0])
     empty3 = [[["0" if t == "V" else t for t in row] for row in layer]
               for layer in rec3["input_grid"]]

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, RTOL_REFERENCE, report
+from conftest import REPO, RTOL_REFERENCE, SETS, report
 
 from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
 from sphyr_jax.scoring.metrics import ScoreItem, score_batch
@@ -300,7 +300,7 @@ def test_exact_polish_agrees_with_the_low_rank_polish():
     from sphyr_jax.fem import fea
     from sphyr_jax.topopt import yardstick_polish
 
-    lines = (REPO / "data" / "dataset" / "full_easy.jsonl").read_text().splitlines()[:6]
+    lines = (SETS / "dataset" / "full_easy.jsonl").read_text().splitlines()[:6]
     records = [json.loads(line) for line in lines]
     cases = stack_load_cases([load_case_from_grid(r["ground_truth"], r["input_grid"])
                               for r in records])
@@ -349,7 +349,7 @@ def test_a_group_of_completions_is_analysed_as_each_alone():
     from sphyr_jax.scoring import metrics
     from sphyr_jax.scoring.validation import probe_completions
 
-    lines = (REPO / "data" / "dataset" / "full_easy.jsonl").read_text().splitlines()[:3]
+    lines = (SETS / "dataset" / "full_easy.jsonl").read_text().splitlines()[:3]
     records = [json.loads(line) for line in lines]
     rng = random.Random(3)
     items = []

@@ -78,6 +78,7 @@ from sphyr_jax.evaluation.prompts import (
 from sphyr_jax.io import CorruptFileError, atomic_write_json, atomic_write_text, read_json
 from sphyr_jax.problem.grids import as_grid, extract_grid, grid_ndim, grid_to_text
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY, gravity_from_folder
+from sphyr_jax.runtime import enable_x64
 from sphyr_jax.scoring.metrics import ScoreItem, score_batch
 from sphyr_jax.scoring.results import AGGREGATED_SUFFIX, RESULTS_SUFFIX, aggregate
 
@@ -715,6 +716,7 @@ class _Run:
     async def run(self) -> None:
         queue = deque((st, i) for st in self.subjects for i in st.missing())
         self.to_ask = len(queue)
+        self._report("answers", 0, self.to_ask)  # the stage shows from its start
         workers = [asyncio.ensure_future(self._worker(queue))
                    for _ in range(min(self.concurrency, len(queue)))]
         scorer = asyncio.ensure_future(self._scorer())
@@ -853,6 +855,8 @@ def evaluate(model, *, results_root, dataset=None, subjects: Sequence[str] | Non
              **run_options) -> RunSummary:
     """Run a model on SPhyR subjects and store its scored answers (the library call).
 
+    Turns float64 on before any work (the scoring needs it).
+
     Args:
         model: a spec string for :func:`~sphyr_jax.evaluation.backends.make_backend`
             (an OpenAI-compatible model name, ``baseline:<kind>``,
@@ -877,14 +881,14 @@ def evaluate(model, *, results_root, dataset=None, subjects: Sequence[str] | Non
 
     Example::
 
-        import sphyr_jax as sj
+        from sphyr_jax.data import embedded
         from sphyr_jax.evaluation.harness import evaluate
 
-        sj.enable_x64()
-        summary = evaluate("qwen2.5:7b", dataset="data/dataset", results_root="results",
+        summary = evaluate("qwen2.5:7b", dataset=embedded("dataset"), results_root="results",
                            backend_options={"base_url": "http://127.0.0.1:11434/v1"})
         print(summary.table())
     """
+    enable_x64()  # an entry point: float64 before any work
     if isinstance(model, str):
         backend = make_backend(model, **(backend_options or {}))
     else:

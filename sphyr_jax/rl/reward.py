@@ -19,7 +19,8 @@ ones, ``valid_output_grid`` among them, and the structural ones
 ``prompt`` column holds the benchmark's prompts and whose other columns are
 what the reward function reads.
 
-float64 is required: call ``sphyr_jax.enable_x64()`` at program start.
+float64 is required: making a :class:`TopologyReward` (and the first call of
+:func:`topology_reward`) turns it on.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation.prompts import DEFAULT_SEED, PromptSpec
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY_3D
 from sphyr_jax.rl.samples import build_samples
+from sphyr_jax.runtime import enable_x64
 from sphyr_jax.scoring.metrics import CompletionMetrics, ScoreItem, score_batch
 from sphyr_jax.topopt.optimum import OptimumCache
 
@@ -203,6 +205,7 @@ class TopologyReward:
 
     def __init__(self, cache: OptimumCache | None = None, cache_dir=None,
                  yardstick: str = "reference", num_devices: int | None = None):
+        enable_x64()  # an entry point: float64 before any work
         self.cache = cache if cache is not None else OptimumCache(
             cache_dir, yardstick=yardstick, num_devices=num_devices)
         self.num_devices = num_devices

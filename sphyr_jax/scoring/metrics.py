@@ -45,6 +45,7 @@ from sphyr_jax.problem.loadcase import (
     stack_load_cases,
     with_budget,
 )
+from sphyr_jax.progress import renamed
 from sphyr_jax.scoring.static import StaticMetrics, static_metrics_batch
 from sphyr_jax.sharding import batch_call, bucket_size, device_count
 from sphyr_jax.topopt.optimum import OptimumCache, cache_for
@@ -405,6 +406,8 @@ def score_batch(
         owner = np.array([local[prepared[i].sample] for i in idx])
         cases = [s.case for s in distinct]
         stacked = stack_load_cases(cases)
+        if progress is not None:
+            progress("analysis", 0, len(idx))
         gt_distinct, out = _analyze_group(
             stacked, [s.gt_rho for s in distinct],
             [(local[prepared[i].sample], prepared[i].out_rho) for i in idx], num_devices)
@@ -418,7 +421,7 @@ def score_batch(
             own_cases = [with_budget(cases[k], v)
                          for k, v in zip(owner, out.volume_fraction, strict=True)]
             own = cache.get_many(own_cases, [distinct[k].gt_rho for k in owner],
-                                 progress=progress)
+                                 progress=renamed(progress, "optima", "own-budget optima"))
         for j, i in enumerate(idx):
             m = results[i]
             p = prepared[i]

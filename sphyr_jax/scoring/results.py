@@ -359,6 +359,8 @@ def rescore_tree(
     flat = [(k, i, rec) for k, (rf, recs) in enumerate(loaded) for i, rec in enumerate(recs)]
     items = [_item(rec, loaded[k][0].gravity_dir) for k, _, rec in flat]
     step = max(1, chunk)
+    if progress is not None and items:
+        progress("records", 0, len(items))
     for lo in range(0, len(items), step):
         fields = _fields(items[lo: lo + step], cache, design_efficiency, num_devices, progress)
         for (k, i, rec), metrics in zip(flat[lo: lo + step], fields, strict=True):

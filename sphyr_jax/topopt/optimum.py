@@ -188,12 +188,15 @@ class OptimumCache:
         # Even batches of at most max_batch samples (bounds memory: ~3 GB peak
         # at 50 full-mask samples on CPU).
         step = max(1, math.ceil(len(pending) / max(1, math.ceil(len(pending) / self.max_batch))))
+        if progress is not None and pending:
+            progress("optima", 0, len(pending))
         for lo in range(0, len(pending), step):
             part = pending[lo: lo + step]
             idx = [i for _, i in part]
             batch = stack_load_cases([cases[i] for i in idx])
             sd = None if seeds is None else np.stack([np.asarray(seeds[i]) for i in idx])
-            res = optimum_batch(batch, sd, yardstick=self.options, progress=progress)
+            res = optimum_batch(batch, sd, yardstick=self.options,
+                                progress=_within(progress, lo, len(pending)))
             self.computed += len(idx)
             if progress is not None:
                 progress("optima", lo + len(part), len(pending))
@@ -211,6 +214,20 @@ class OptimumCache:
     def get(self, case: LoadCase, seed=None) -> OptimumResult:
         res = self.get_many([case], None if seed is None else [seed])
         return jax.tree.map(lambda a: a[0], res)
+
+
+def _within(progress, offset: int, total: int):
+    """The optimiser's own "optima" count as part of the cache's count (one stage, not two)."""
+    if progress is None:
+        return None
+
+    def report(stage: str, done: int, part_total: int) -> None:
+        if stage == "optima":
+            progress(stage, offset + done, total)
+        else:
+            progress(stage, done, part_total)
+
+    return report
 
 
 def cache_for(cache: OptimumCache | None, yardstick=None,

@@ -85,11 +85,13 @@ def complete_records(model, records: Sequence[dict], hard: bool) -> list:
 
 
 def score_completions(records: Sequence[dict], completions: Sequence, cache=None,
-                      num_devices: int | None = None, optimum: str | None = None) -> dict:
+                      num_devices: int | None = None, optimum: str | None = None,
+                      progress=None) -> dict:
     """Score completions of records with :func:`sphyr_jax.scoring.metrics.score_batch`.
 
     The yardstick is ``optimum`` (``"reference"``: the published optimum, the
-    default; ``"strong"``: stricter), or the given cache's.
+    default; ``"strong"``: stricter), or the given cache's; ``progress`` is
+    score_batch's optional ``(stage, done, total)`` callback.
 
     Returns:
         Means over records of ``SUMMARY_KEYS``, ``samples`` (count) and
@@ -99,7 +101,8 @@ def score_completions(records: Sequence[dict], completions: Sequence, cache=None
 
     items = [ScoreItem(c, r["ground_truth"], r["input_grid"], _gravity(r) or DEFAULT_GRAVITY)
              for r, c in zip(records, completions, strict=True)]
-    metrics = score_batch(items, cache, num_devices=num_devices, optimum=optimum)
+    metrics = score_batch(items, cache, num_devices=num_devices, optimum=optimum,
+                          progress=progress)
     out = {k: float(np.mean([float(getattr(m, k)) for m in metrics])) if metrics else 0.0
            for k in SUMMARY_KEYS}
     return {**out, "samples": len(metrics), "per_record": [m.as_dict() for m in metrics]}

@@ -34,7 +34,7 @@ import optax
 
 from sphyr_jax.fem import fea
 from sphyr_jax.problem.loadcase import LoadCase
-from sphyr_jax.runtime import bounded_cache
+from sphyr_jax.runtime import bounded_cache, enable_x64
 from sphyr_jax.training.config import LossConfig, TrainConfig
 from sphyr_jax.training.model import init_model, predict
 from sphyr_jax.training.problems import (
@@ -130,6 +130,8 @@ def make_train_step(cfg: TrainConfig):
 def train(cfg: TrainConfig, log: Callable[[dict], None] | None = None):
     """Train a model from ``cfg.seed`` on random problems (deterministic for a seed).
 
+    Turns float64 on (the finite elements need it) before any work.
+
     Args:
         cfg: configuration.
         log: optional callback receiving each curve entry as it is made.
@@ -139,7 +141,7 @@ def train(cfg: TrainConfig, log: Callable[[dict], None] | None = None):
         "volume_fraction", "carrying", "grad_norm", "seconds"}``, means over the last
         ``log_every`` steps (``seconds``: wall time since the start).
     """
-    fea.require_x64()
+    enable_x64()
     start = time.perf_counter()
     k_model, k_pool, k_data = jax.random.split(jax.random.PRNGKey(cfg.seed), 3)
     model = init_model(cfg.model, k_model)
