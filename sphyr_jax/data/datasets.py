@@ -183,14 +183,16 @@ def is_hard(subject: str) -> bool:
         f"not a subject name (expected <variant>_easy|_hard[_3d]): {subject!r}")
 
 
-def subject_rng(seed: int, subject: str) -> np.random.Generator:
+def subject_rng(seed: int, subject: str, *keys: int) -> np.random.Generator:
     """The random stream of one subject: NumPy's generator seeded with ``[seed, crc32(subject)]``.
 
     It depends on the seed and the subject's name alone, so a subject's draws
     (the v2 masks, the ``random`` baseline's fills) do not change when other
-    subjects are added, dropped or reordered.
+    subjects are added, dropped or reordered.  ``keys`` (e.g. a sample's
+    index) give one independent stream per key: ``[seed, crc32(subject), *keys]``.
     """
-    return np.random.default_rng([int(seed), zlib.crc32(subject.encode("utf-8"))])
+    return np.random.default_rng([int(seed), zlib.crc32(subject.encode("utf-8")),
+                                  *(int(k) for k in keys)])
 
 
 def _gravity(value, where: str, ndim: int = 2) -> list:
@@ -215,8 +217,9 @@ def normalise_record(record: Any, where: str, position: int = 0,
             anything else as 2D.
 
     Returns:
-        ``{"index", "input_grid", "ground_truth"}`` plus ``"gravity_dir"`` when
-        the record carries a non-null one; other keys are dropped.
+        ``{"index", "input_grid", "ground_truth"}`` plus ``"gravity_dir"`` and
+        ``"optimum"`` (a stored optimum, :mod:`sphyr_jax.data.corpus`) when the
+        record carries non-null ones; other keys are dropped.
 
     Raises:
         DatasetError: for a non-mapping, a missing or unreadable grid, ragged
@@ -254,6 +257,8 @@ def normalise_record(record: Any, where: str, position: int = 0,
         )
     if record.get("gravity_dir") is not None:
         out["gravity_dir"] = _gravity(record["gravity_dir"], where, len(shapes[1]))
+    if isinstance(record.get("optimum"), dict):
+        out["optimum"] = record["optimum"]
     return out
 
 
@@ -476,4 +481,44 @@ def load_subject(
         if not root.exists():
             raise DatasetError(f"no such local dataset: {os.fspath(source)!r}")
         records = _load_local(root, subject, split, ndim)
+        if root.is_dir():
+            records = with_sidecar_optima(records, root, subject)
     return records if limit is None else records[:limit]
+
+
+OPTIMA_FOLDER = "optima"
+"""Where a dataset folder keeps optima written beside its records:
+``<folder>/optima/<subject>.jsonl`` (``python -m sphyr_jax optima``)."""
+
+
+def sidecar_path(folder: str | os.PathLike, subject: str) -> pathlib.Path:
+    """The optima file of one subject of a dataset folder."""
+    return pathlib.Path(folder) / OPTIMA_FOLDER / f"{subject}.jsonl"
+
+
+def with_sidecar_optima(records: list[dict], folder: str | os.PathLike,
+                        subject: str) -> list[dict]:
+    """The records with the ``optimum`` of their folder's optima file, if it has one.
+
+    The file holds one line ``{"index": i, "optimum": {...}}`` per record, in
+    the records' order; a record's own ``optimum`` wins.  A scorer still uses
+    an optimum only while its key is the record's.
+
+    Raises:
+        DatasetError: the file does not match the records (count or indices).
+    """
+    path = sidecar_path(folder, subject)
+    if not path.is_file():
+        return records
+    rows = [row for _, row in _jsonl_rows(path)]
+    if len(rows) != len(records) or any(
+            not isinstance(row, dict) or row.get("index") != record["index"]
+            for row, record in zip(rows, records, strict=True)):
+        raise DatasetError(f"{path}: its optima do not match the {len(records)} records of "
+                           f"{subject!r} (write it again: python -m sphyr_jax optima)")
+    out = []
+    for row, record in zip(rows, records, strict=True):
+        if "optimum" not in record and isinstance(row.get("optimum"), dict):
+            record = {**record, "optimum": row["optimum"]}
+        out.append(record)
+    return out
