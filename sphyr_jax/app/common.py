@@ -42,6 +42,17 @@ flags.DEFINE_enum("dataset_version", "v1", list(DATASET_VERSIONS),
                   "Which SPhyR set the embedded data come from when --dataset_dir is not given.")
 flags.DEFINE_string("results_root", None, "Folder of <model>/<subject>_results.json.")
 flags.DEFINE_string("output_dir", None, "Output folder.")
+flags.DEFINE_enum("format", None, ["jsonl", "json", "parquet"],
+                  "Subject files: convert writes jsonl (default) or json; generate's v2 corpus "
+                  "parquet shards (default above 1,000 samples) or jsonl.")
+flags.DEFINE_enum("engine", "local", ["local", "ray"],
+                  "Where long tasks run: 'local' (this process) or 'ray' (a Ray cluster, the "
+                  "[cluster] extra; see --ray_address).")
+flags.DEFINE_string("ray_address", "auto",
+                    "The Ray cluster of --engine=ray: 'auto' (the one started on this machine "
+                    "with `ray start`) or the head's HOST:PORT.")
+flags.DEFINE_integer("workers", 1, "Tasks run at once by --engine=local (threads).",
+                     lower_bound=1)
 flags.DEFINE_integer("seed", None, "Random seed (each command documents its default).")
 
 FLAGS = flags.FLAGS
@@ -89,6 +100,22 @@ def cache():
     from sphyr_jax.topopt.optimum import OptimumCache
 
     return OptimumCache(FLAGS.cache_dir, yardstick=FLAGS.optimum, num_devices=FLAGS.num_devices)
+
+
+ENGINE = ("engine", "ray_address", "workers")
+"""Flags of every command that runs tasks on an engine (:func:`engine`)."""
+
+
+def engine():
+    """The task engine the flags ask for (a context manager: it is released on exit)."""
+    from sphyr_jax.data.engines import make_engine
+
+    if FLAGS.engine == "local" and FLAGS["ray_address"].present:
+        raise UserInputError("--ray_address applies to --engine=ray only")
+    if FLAGS.engine == "ray" and FLAGS["workers"].present:
+        raise UserInputError("--workers applies to --engine=local only (a Ray cluster runs "
+                             "one task per CPU)")
+    return make_engine(FLAGS.engine, ray_address=FLAGS.ray_address, workers=FLAGS.workers)
 
 
 def write_json(obj) -> None:

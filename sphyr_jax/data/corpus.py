@@ -103,7 +103,12 @@ from sphyr_jax.data.generation import (
 from sphyr_jax.fem import fea
 from sphyr_jax.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 from sphyr_jax.problem.grids import MASK, grid_ndim
-from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
+from sphyr_jax.problem.loadcase import (
+    DEFAULT_GRAVITY,
+    load_case_from_grid,
+    record_gravity,
+    stack_load_cases,
+)
 from sphyr_jax.topopt.optimum import optimum_batch, optimum_key
 from sphyr_jax.topopt.options import grid_options, yardstick_name, yardstick_options
 
@@ -123,7 +128,11 @@ _ROW_GROUP_CELLS = 25_600  # cells per parquet row group
 
 
 class CorpusError(GenerationError):
-    """A corpus that cannot be made or resumed, or whose stored optima do not check out."""
+    """A corpus that cannot be made or resumed."""
+
+
+class OptimumMismatchError(CorpusError):
+    """A stored optimum that differs from its recomputation (:func:`verify_optima`)."""
 
 
 def default_format(num_samples: int) -> Format:
@@ -274,6 +283,8 @@ def record_problem(ground_truth, input_grid, gravity_dir):
     (the answer's densities, load and support cells solid)."""
     ndim = grid_ndim(ground_truth) if not isinstance(ground_truth, str) else 2
     gravity = None if gravity_dir is None else tuple(float(v) for v in gravity_dir)
+    if ndim == 3 and gravity == DEFAULT_GRAVITY:
+        gravity = None  # the 2D default means down on voxels too
     case = load_case_from_grid(ground_truth, input_grid, gravity, ndim=ndim)
     seed = np.asarray(case.pinned, np.float64).copy()
     seed[np.asarray(case.load_mask | case.support_mask)] = 1.0
@@ -805,6 +816,8 @@ class _Run:
         if done is not None:
             return {**done, "resumed": True}
         resumed = self.manifest["files_done"]
+        for stage in ("accepted", "samples"):
+            self.report(stage, 0, self.spec.num_samples)
         try:
             while self._unfinished():
                 while self._advance() | self._dispatch():
@@ -937,8 +950,8 @@ def verify_optima(folder, count: int, *, seed: int = 0, engine: Engine | None = 
         ``{"checked": count, "largest_difference": float}``.
 
     Raises:
-        CorpusError: a stored optimum differs from its recomputation (the
-            message names the subject and sample).
+        OptimumMismatchError: a stored optimum differs from its recomputation
+            (the message names the subject and sample).
     """
     folder = pathlib.Path(folder)
     spec_key = read_json(folder / MANIFEST)["key"]
@@ -968,7 +981,8 @@ def verify_optima(folder, count: int, *, seed: int = 0, engine: Engine | None = 
     for (name, s, record), new in zip(chosen, fresh, strict=True):
         stored = record.get("optimum") or {}
         if new is None or stored.get("key") != new["key"]:
-            raise CorpusError(f"{name} sample {s}: the stored optimum's key is not the record's")
+            raise OptimumMismatchError(f"{name} sample {s}: the stored optimum's key is not "
+                                       "the record's")
         a = np.asarray(stored["densities"], np.float64)
         b = np.asarray(new["densities"], np.float64)
         c_old = math.inf if stored["compliance"] is None else stored["compliance"]
@@ -978,7 +992,89 @@ def verify_optima(folder, count: int, *, seed: int = 0, engine: Engine | None = 
             0.0 if c_old == c_new else math.inf)
         largest = max(largest, diff, rel)
         if not (diff <= rtol and rel <= rtol):
-            raise CorpusError(f"{name} sample {s}: the stored optimum differs from its "
+            raise OptimumMismatchError(f"{name} sample {s}: the stored optimum differs from its "
                               f"recomputation (compliance {c_old!r} vs {c_new!r}, densities "
                               f"up to {diff:.3g} apart)")
     return {"checked": len(chosen), "largest_difference": largest}
+
+
+# ----------------------------------------------------------------------------
+# Optima beside an existing set.
+
+SIDECAR_BATCH = 64
+"""Records per optima task of :func:`add_optima` (the yardstick's largest compiled batch)."""
+
+
+def add_optima(dataset_dir, *, engine: Engine | None = None, yardstick: str = "reference",
+               subjects: Sequence[str] | None = None, progress=None) -> dict:
+    """Write the optimum of every record of a dataset folder beside it.
+
+    A record's load direction is its ``gravity_dir``, else the one its
+    folder's name gives (``dataset_1_rotations``: left), else down
+    (:func:`~sphyr_jax.problem.loadcase.record_gravity`).
+
+    Each subject's optima go to ``<dataset_dir>/optima/<subject>.jsonl``
+    (:func:`~sphyr_jax.data.datasets.sidecar_path`), one line ``{"index",
+    "optimum"}`` per record in the records' order; the records themselves are
+    not touched.  :func:`~sphyr_jax.data.datasets.load_subject` then gives each
+    record its ``optimum``, which a scorer uses while its key is the record's.
+    Records are optimised :data:`SIDECAR_BATCH` at a time, one task each.
+
+    Args:
+        dataset_dir: a local dataset folder (any layout
+            :func:`~sphyr_jax.data.datasets.load_subject` reads).
+        engine: where tasks run (default: this process).
+        yardstick: ``"reference"`` or ``"strong"``.
+        subjects: the subjects (default: every subject the folder holds).
+        progress: optional callable(stage, done, total); stage ``"optima"``.
+
+    Returns:
+        ``{subject: records}`` counts and the files written.
+    """
+    from sphyr_jax.data.datasets import DatasetError, load_subject, sidecar_path
+    from sphyr_jax.data.exclusion import subjects_in
+    from sphyr_jax.io import commit_files
+
+    folder = pathlib.Path(dataset_dir)
+    if not folder.is_dir():
+        raise DatasetError(f"no such dataset folder: {os.fspath(dataset_dir)!r}")
+    names = list(subjects) if subjects is not None else subjects_in(folder)
+    if not names:
+        raise DatasetError(f"{folder}: no subject files")
+    report = progress or (lambda stage, done, total: None)
+    tables = {name: load_subject(folder, name) for name in names}
+    jobs = [(name, lo) for name, records in tables.items()
+            for lo in range(0, len(records), SIDECAR_BATCH)]
+    total = sum(len(r) for r in tables.values())
+    own = engine is None
+    engine = engine or LocalEngine()
+    fields: dict[tuple, list] = {}
+    try:
+        pending = {}
+        queue = deque(jobs)
+        done = 0
+        report("optima", 0, total)
+        while queue or pending:
+            while queue and len(pending) < engine.slots:
+                name, lo = queue.popleft()
+                rows = [(r["ground_truth"], r["input_grid"], record_gravity(r, folder, ndim=None))
+                        for r in tables[name][lo: lo + SIDECAR_BATCH]]
+                pending[engine.submit(optima_task, yardstick, rows)] = (name, lo)
+            for handle in engine.wait(list(pending)):
+                key = pending.pop(handle)
+                fields[key] = optimum_fields(engine.result(handle))
+                done += len(fields[key])
+                report("optima", done, total)
+    finally:
+        if own:
+            engine.close()
+    files = {}
+    for name, records in tables.items():
+        ordered = [f for lo in range(0, len(records), SIDECAR_BATCH) for f in fields[(name, lo)]]
+        files[sidecar_path(folder, name)] = "".join(
+            json.dumps({"index": r["index"], "optimum": f}) + "\n"
+            for r, f in zip(records, ordered, strict=True))
+    commit_files(files)
+    return {"dataset_dir": os.fspath(folder), "yardstick": yardstick,
+            "records": {name: len(r) for name, r in tables.items()},
+            "files": [os.fspath(p) for p in files]}

@@ -17,6 +17,7 @@ MODULES = (
     "report",
     "convert",
     "generate",
+    "optima",
     "baselines",
     "plot",
     "evaluate",

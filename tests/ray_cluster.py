@@ -1,0 +1,127 @@
+"""A two-node Ray cluster on loopback addresses, started and stopped by a test.
+
+The head listens on 127.0.0.2 and the second node on 127.0.0.3 (Ray rewrites
+127.0.0.1 into the machine's routable address, any other loopback address is
+kept), every port is chosen free (so other clusters on the machine never
+collide), token authentication with a token of this cluster's own keeps other
+drivers out, and each node is a ``ray start --block`` child process stopped by
+SIGTERM to that process alone (never ``ray stop``, which stops every Ray
+process on the machine).  The workers get this checkout on their path and the
+suite's compilation cache (:func:`tests.conftest.child_env`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from tests.conftest import child_env
+
+HEAD_IP = "127.0.0.2"
+NODE_IP = "127.0.0.3"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_ports() -> list[str]:
+    names = ("dashboard-port", "node-manager-port", "object-manager-port",
+             "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+             "runtime-env-agent-port", "metrics-export-port")
+    return [f"--{name}={_free_port()}" for name in names]
+
+
+class LocalCluster:
+    """A head and a second node, one CPU each (see the module docstring).
+
+    Attributes:
+        address: the head's ``HOST:PORT``.
+        env: the environment of the nodes (and of any driver process).
+        node_pids: the ``ray start --block`` processes.
+    """
+
+    def __init__(self, cpus_per_node: int = 1):
+        self.cpus = cpus_per_node
+        self.tmp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: socket paths
+        self.ray = str(pathlib.Path(sys.executable).with_name("ray"))
+        self.env = child_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
+                             RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_IMPORT_WARNING="1")
+        self.env.pop("RAY_ADDRESS", None)
+        self.address = f"{HEAD_IP}:{_free_port()}"
+        self.nodes: list[subprocess.Popen] = []
+
+    @property
+    def node_pids(self) -> list[int]:
+        return [p.pid for p in self.nodes]
+
+    def _start(self, args: list[str], log: str) -> subprocess.Popen:
+        with open(os.path.join(self.tmp, log), "w") as out:
+            process = subprocess.Popen(
+                [self.ray, "start", "--block", "--disable-usage-stats", f"--num-cpus={self.cpus}",
+                 "--num-gpus=0", "--object-store-memory=200000000", *_node_ports(), *args],
+                env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.nodes.append(process)
+        return process
+
+    def start(self, timeout: float = 120.0) -> LocalCluster:
+        port = self.address.rsplit(":", 1)[1]
+        head = self._start(["--head", f"--port={port}", f"--node-ip-address={HEAD_IP}",
+                            "--include-dashboard=false", f"--temp-dir={self.tmp}/r"],
+                           "head.log")
+        deadline = time.monotonic() + timeout
+        while subprocess.run([self.ray, "status", f"--address={self.address}"], env=self.env,
+                             capture_output=True).returncode != 0:
+            if head.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray head did not start:\n{self.log('head.log')}")
+            time.sleep(0.5)
+        self._start([f"--address={self.address}", f"--node-ip-address={NODE_IP}"], "node.log")
+        return self
+
+    def wait_for_nodes(self, ray_module, count: int = 2, timeout: float = 120.0) -> None:
+        """Block until ``count`` nodes are alive (needs a connected driver)."""
+        deadline = time.monotonic() + timeout
+        while sum(n["Alive"] for n in ray_module.nodes()) < count:
+            if any(p.poll() is not None for p in self.nodes) or time.monotonic() > deadline:
+                raise RuntimeError(f"the second node did not join:\n{self.log('node.log')}")
+            time.sleep(0.2)
+
+    def log(self, name: str) -> str:
+        with contextlib.suppress(OSError):
+            return pathlib.Path(self.tmp, name).read_text()[-4000:]
+        return ""
+
+    def task_workers(self, title: str = "ray::_run_task") -> list[int]:
+        """Worker processes of this cluster running a task (by the process title Ray sets)."""
+        import psutil
+
+        found = []
+        for pid in self.node_pids:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        if " ".join(child.cmdline()).startswith(title):
+                            found.append(child.pid)
+        return found
+
+    def stop(self) -> None:
+        for process in reversed(self.nodes):
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGTERM)  # that process alone: it stops its children
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)  # its own session, started above
+                    process.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
