@@ -4,16 +4,23 @@ An example of the wiring, not run by the test suite (it needs ``torch``,
 ``transformers`` and ``trl``, and a GPU to be useful)::
 
     pip install -e ".[env]" trl
+    python -m sphyr_jax generate --dataset_version=v2 --num_samples=5000 \\
+        --output_dir=runs/corpus                   # the training corpus (once)
     python experiments/grpo_trl.py --model Qwen/Qwen2.5-0.5B-Instruct \\
-        --subjects 1_random_cell_easy,5_random_cell_easy --rotations 0,1,2,3 \\
+        --corpus runs/corpus --subjects 1_random_cell_easy,5_random_cell_easy \\
         --optima runs/optima --output runs/grpo
 
-Each GRPO step generates ``--generations`` completions per prompt; the reward
-function scores all of them in one batched call: every distinct sample's
-optimum is computed once (and kept in ``--optima`` across runs), every
-completion is one batched finite-element solve, and a completion that is not
-a complete grid scores 0.  The prompts are the benchmark's own (any subjects,
-clockwise turns and prompt style of the evaluation harness).
+It trains on a generated corpus (``prompt_dataset(..., split="train")``), never
+on the benchmark: the corpus's samples are held apart from every benchmark
+sample, and each record carries its reference optimum, so the reward does not
+optimise for it.  Each GRPO step generates ``--generations`` completions per
+prompt; the reward function scores all of them in one batched call: every
+completion is one batched finite-element solve, a sample without a current
+stored optimum gets it computed once (and kept in ``--optima`` across runs),
+and a completion that is not a complete grid scores 0.  The prompts are the
+benchmark's own wording (any subjects, clockwise turns and prompt style of the
+evaluation harness); evaluate the trained model on the benchmark afterwards
+(``python -m sphyr_jax evaluate``).
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ import argparse
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct")
-    parser.add_argument("--dataset_dir", default=None,
-                        help="dataset folder (default: the embedded v1 set)")
+    parser.add_argument("--corpus", required=True,
+                        help="a training corpus folder (python -m sphyr_jax generate "
+                             "--dataset_version=v2 --output_dir=...)")
     parser.add_argument("--subjects", default="1_random_cell_easy,5_random_cell_easy")
     parser.add_argument("--rotations", default="0")
     parser.add_argument("--style", default="default")
@@ -36,7 +44,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import sphyr_jax as sj
-    from sphyr_jax.data import embedded
 
     sj.enable_x64()  # float64 before any scoring: E_min = 1e-9 needs it
     sj.enable_compilation_cache()
@@ -46,7 +53,7 @@ def main() -> None:
     from sphyr_jax.rl import TopologyReward, prompt_dataset
 
     dataset = prompt_dataset(
-        args.dataset_dir or embedded("dataset"), subjects=args.subjects.split(","),
+        args.corpus, split="train", subjects=args.subjects.split(","),
         rotations=[int(r) for r in args.rotations.split(",")], style=args.style,
         conversational=True)  # chat prompts; completions come back as chat messages
     reward = TopologyReward(cache_dir=args.optima)  # one cache for the whole run

@@ -52,8 +52,8 @@ def _expected(answer, row, cache):
 @pytest.fixture(scope="module")
 def rows():
     """Two subjects, two samples each, one of them also turned once (6 prompts)."""
-    ds = prompt_dataset(DATA, ["1_random_cell_easy", "1_random_row_hard"], rotations=(0, 1),
-                        sample_count=2)
+    ds = prompt_dataset(DATA, ["1_random_cell_easy", "1_random_row_hard"], split="test",
+                        rotations=(0, 1), sample_count=2)
     return ds.select([0, 1, 2, 4, 5, 6])
 
 
@@ -173,7 +173,7 @@ def test_reward_columns_are_checked():
 
 
 def test_prompt_dataset_order_turns_and_chat():
-    ds = prompt_dataset(DATA, ["full_easy"], rotations=(0, 1), sample_count=3,
+    ds = prompt_dataset(DATA, ["full_easy"], split="test", rotations=(0, 1), sample_count=3,
                         conversational=True)
     assert len(ds) == 6 and ds.column_names == [
         "prompt", "input_grid", "ground_truth", "gravity_dir", "subject", "rotation_count",

@@ -922,6 +922,11 @@ def build_corpus(spec: CorpusSpec, output_dir, *, engine: Engine | None = None,
 # Reading a corpus back, and checking its optima.
 
 
+def is_corpus(folder) -> bool:
+    """Whether a folder holds a corpus written by :func:`build_corpus` (its manifest)."""
+    return (pathlib.Path(folder) / MANIFEST).is_file()
+
+
 def read_corpus_subject(folder, subject: str) -> list[dict]:
     """Every record of one subject of a corpus, ``optimum`` included, in sample order."""
     folder = pathlib.Path(folder)

@@ -16,6 +16,7 @@ extra).  :func:`run_feedback_experiment` measures whether the verdict helps
 imported only when asked for, so the rest works without ``openenv-core``.
 """
 
+from sphyr_jax.rl.datasets import prompt_dataset
 from sphyr_jax.rl.environment import (
     DEFAULT_SUBJECT,
     Episode,
@@ -29,7 +30,6 @@ from sphyr_jax.rl.feedback import revision_prompt, verdict
 from sphyr_jax.rl.reward import (
     TopologyReward,
     completion_text,
-    prompt_dataset,
     reward_of,
     score_completions,
     topology_reward,

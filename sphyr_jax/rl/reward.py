@@ -15,9 +15,8 @@ reward function, the environment and the feedback experiment all use it): it
 returns every published metric of each completion, the static (grid-only)
 ones, ``valid_output_grid`` among them, and the structural ones
 (:func:`_metrics_for` assembles them).
-:func:`prompt_dataset` builds the training set: a ``datasets.Dataset`` whose
-``prompt`` column holds the benchmark's prompts and whose other columns are
-what the reward function reads.
+:func:`sphyr_jax.rl.datasets.prompt_dataset` builds the matching training set
+(a generated corpus) or test set (the benchmark).
 
 float64 is required: making a :class:`TopologyReward` (and the first call of
 :func:`topology_reward`) turns it on.
@@ -29,11 +28,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from sphyr_jax.data.datasets import list_subjects, load_subject
-from sphyr_jax.errors import UserInputError
-from sphyr_jax.evaluation.prompts import DEFAULT_SEED, PromptSpec
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY_3D
-from sphyr_jax.rl.samples import build_samples
 from sphyr_jax.runtime import enable_x64
 from sphyr_jax.scoring.metrics import CompletionMetrics, ScoreItem, score_batch
 from sphyr_jax.topopt.optimum import OptimumCache
@@ -287,63 +282,3 @@ def topology_reward(prompts=None, completions=None, **columns) -> list[float]:
     if _SHARED is None:
         _SHARED = TopologyReward()
     return _SHARED(prompts, completions, **columns)
-
-
-# ----------------------------------------------------------------------------
-# The training set.
-
-
-def prompt_dataset(dataset_dir, subjects: Sequence[str] | None = None,
-                   rotations: Sequence[int] = (0,), style: str = "default",
-                   template: str | None = None, few_shot: int = 0,
-                   sample_count: int | None = None, seed: int = DEFAULT_SEED,
-                   conversational: bool = False):
-    """A ``datasets.Dataset`` of prompts with the columns :func:`topology_reward` reads.
-
-    Args:
-        dataset_dir: a dataset folder, subject file or hub name
-            (:func:`sphyr_jax.data.datasets.load_subject`).
-        subjects: subject names (default: the 16 of the benchmark).
-        rotations: clockwise quarter turns; every subject appears once per turn.
-        style: prompt style (:data:`sphyr_jax.evaluation.prompts.STYLES`).
-        template: a prompt template with a ``{GRID}`` placeholder (wins over ``style``).
-        few_shot: solved examples of the same subject in each prompt.
-        sample_count: first N samples of each subject in the published order (None: all).
-        seed: the order's shuffle seed (published: 42).
-        conversational: ``prompt`` as chat messages (``[{"role": "user", ...}]``).
-
-    Returns:
-        A dataset with columns ``prompt``, ``input_grid`` and ``ground_truth``
-        (text), ``gravity_dir`` ([row, col]), ``subject``, ``rotation_count``,
-        ``sample_index`` (position in the published order) and ``index``
-        (the dataset record's).
-
-    Raises:
-        UserInputError: an unknown subject, style or rotation, or a missing dataset.
-    """
-    import datasets
-
-    names = list(subjects) if subjects is not None else list_subjects()
-    known = set(list_subjects())
-    for name in names:
-        if name not in known:
-            raise UserInputError(f"unknown subject {name!r}; subjects: {sorted(known)}")
-    rows = []
-    for name in names:
-        records = load_subject(dataset_dir, name)
-        for turns in rotations:
-            spec = PromptSpec(style=style, template=template, rotations=int(turns),
-                              few_shot=few_shot)
-            for s in build_samples(records, name, spec, sample_count, seed):
-                rows.append({
-                    "prompt": [{"role": "user", "content": s.prompt}] if conversational
-                    else s.prompt,
-                    "input_grid": s.input_grid,
-                    "ground_truth": s.ground_truth,
-                    "gravity_dir": [float(v) for v in s.gravity_dir],
-                    "subject": s.subject,
-                    "rotation_count": s.rotation_count,
-                    "sample_index": s.index,
-                    "index": s.record_index,
-                })
-    return datasets.Dataset.from_list(rows)
