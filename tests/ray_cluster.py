@@ -6,8 +6,9 @@ kept), every port is chosen free (so other clusters on the machine never
 collide), token authentication with a token of this cluster's own keeps other
 drivers out, and each node is a ``ray start --block`` child process stopped by
 SIGTERM to that process alone (never ``ray stop``, which stops every Ray
-process on the machine).  The workers get this checkout on their path and the
-suite's compilation cache (:func:`tests.conftest.child_env`).
+process on the machine).  The nodes (and so the workers) get the environment
+given, e.g. this checkout on the path and the suite's compilation cache
+(:func:`tests.conftest.child_env`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-from tests.conftest import child_env
 
 HEAD_IP = "127.0.0.2"
 NODE_IP = "127.0.0.3"
@@ -44,7 +43,11 @@ def _node_ports() -> list[str]:
 
 
 class LocalCluster:
-    """A head and a second node, one CPU each (see the module docstring).
+    """A head and a second node (see the module docstring).
+
+    Args:
+        env: the nodes' environment (the authentication variables are added).
+        cpus_per_node: CPUs each node offers (one task each).
 
     Attributes:
         address: the head's ``HOST:PORT``.
@@ -52,12 +55,12 @@ class LocalCluster:
         node_pids: the ``ray start --block`` processes.
     """
 
-    def __init__(self, cpus_per_node: int = 1):
+    def __init__(self, env: dict, cpus_per_node: int = 1):
         self.cpus = cpus_per_node
         self.tmp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: socket paths
         self.ray = str(pathlib.Path(sys.executable).with_name("ray"))
-        self.env = child_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
-                             RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_IMPORT_WARNING="1")
+        self.env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
+                    "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_IMPORT_WARNING": "1"}
         self.env.pop("RAY_ADDRESS", None)
         self.address = f"{HEAD_IP}:{_free_port()}"
         self.nodes: list[subprocess.Popen] = []
@@ -96,6 +99,20 @@ class LocalCluster:
             if any(p.poll() is not None for p in self.nodes) or time.monotonic() > deadline:
                 raise RuntimeError(f"the second node did not join:\n{self.log('node.log')}")
             time.sleep(0.2)
+
+    def connect(self):
+        """Connect this process (the driver) to the cluster; returns the ``ray`` module.
+
+        Ray reads its authentication mode when imported, so the cluster's is set
+        in this process's environment first (and ``RAY_ADDRESS``, which would win
+        over the address given, removed).
+        """
+        for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_USAGE_STATS_ENABLED"):
+            os.environ[key] = self.env[key]
+        os.environ.pop("RAY_ADDRESS", None)
+        import ray
+
+        return ray
 
     def log(self, name: str) -> str:
         with contextlib.suppress(OSError):

@@ -125,7 +125,7 @@ def test_help_lists_only_what_a_command_reads():
         assert flag not in validate, flag
     generate = cli.command_help("generate")  # what each version writes
     assert "raw/<NN>_SPhyR_2D.csv" in generate
-    assert "16 subject files <subject>.jsonl only" in generate
+    assert "Parquet shards" in generate and "--draw_order=sequential" in generate
     assert "--cache_dir" not in generate
     for name in cli.COMMANDS:  # what --help lists is what the command accepts
         listed = set(re.findall(r"^  --(?:\[no\])?(\w+)", cli.command_help(name), re.M))

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from conftest import IN_CI
+from conftest import IN_CI, child_env
 
 from sphyr_jax.data import corpus as cp
 from sphyr_jax.data.generate_v2 import QUICK_V2_OPTIONS
@@ -46,15 +46,11 @@ def reference(tmp_path_factory):
 def cluster():
     from tests.ray_cluster import HEAD_IP, LocalCluster
 
-    nodes = LocalCluster().start()
+    nodes = LocalCluster(child_env()).start()
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS",
                                              "RAY_USAGE_STATS_ENABLED")}
     try:
-        for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_USAGE_STATS_ENABLED"):
-            os.environ[k] = nodes.env[k]
-        os.environ.pop("RAY_ADDRESS", None)  # it would win over the address given
-        import ray
-
+        ray = nodes.connect()
         from sphyr_jax.data.engines import RayEngine
 
         engine = RayEngine(nodes.address, node_ip_address=HEAD_IP)

@@ -12,8 +12,9 @@ from its own generator, ``numpy.random.default_rng([seed, i])``, so it does
 not depend on any other candidate.  Candidates are taken in index order:
 
 1. *screened* on the driver: a failed draw (``supports``), no budget left
-   (``budget``), a layout within ``min_layout`` cells of an excluded
-   (benchmark) sample (``excluded_layout``), or of an accepted sample or a
+   (``budget``), a layout too close to an excluded (benchmark) sample's
+   (``excluded_layout``: closer than the exclusion index's distance, the v2
+   sets' 6 cells), or within ``min_layout`` cells of an accepted sample or of a
    candidate admitted before it in the last ``window`` solve batches
    (``layout``) is refused; the others are *admitted*, ``batch_size`` to a
    solve batch (batch *k* is admitted only once every batch before *k* -
@@ -21,9 +22,15 @@ not depend on any other candidate.  Candidates are taken in index order:
 2. *solved* in batches, one task per batch (:func:`solve_task`; batches may
    be solved ahead, in parallel, in any order);
 3. *judged* in index order: a degenerate optimum (``degenerate``), an easy
-   answer within ``min_structure`` cells of an excluded sample's
-   (``excluded_structure``) or of an accepted sample's (``structure``) is
-   refused, the others accepted until ``num_samples`` are.
+   answer too close to an excluded sample's (``excluded_structure``: the v2
+   sets' 8 cells) or within ``min_structure`` cells of an accepted sample's
+   (``structure``) is refused, the others accepted until ``num_samples`` are.
+
+The v2 distances (layouts 6 cells apart) leave room for only so many samples
+on a grid: about a thousand layouts on 10x10 and several thousand on 20x20
+(``benchmarks/corpus.py --capacity``); a larger corpus lowers ``min_layout``
+and ``min_structure`` between its own samples, never the distance to the
+benchmark.
 
 A candidate refused because of an admitted rival stays refused if the rival
 is dropped later (as in the v2 sets).  The layout and structure checks compare
@@ -397,7 +404,7 @@ def data_file(spec: CorpusSpec, subject: str, file: int) -> str:
     return f"{subject}/train-{file:05d}-of-{spec.file_count:05d}.parquet"
 
 
-def dataset_card(spec: CorpusSpec, summary: dict) -> str:
+def dataset_card(spec: CorpusSpec, summary: dict, exclusion: SampleIndex | None = None) -> str:
     """The corpus's ``README.md``: ``configs`` front matter (one per subject) and its making."""
     lines = ["---", "configs:"]
     for name in list_subjects():
@@ -408,9 +415,12 @@ def dataset_card(spec: CorpusSpec, summary: dict) -> str:
               f"{spec.num_samples} samples on a {spec.grid_size}x{spec.grid_size} grid, "
               f"seed {spec.seed}, in each of the 16 SPhyR subjects (one configuration per "
               "subject, one `train` split).  Made with `sphyr_jax` "
-              "(`python -m sphyr_jax generate --dataset_version=v2`); training data, held "
-              f"at least {spec.min_layout} layout cells and {spec.min_structure} answer cells "
-              "from every sample of the excluded benchmark sets.", "",
+              "(`python -m sphyr_jax generate --dataset_version=v2`); training data: its samples "
+              f"differ in at least {spec.min_layout} layout cells and {spec.min_structure} "
+              "answer cells from each other" + (
+                  "." if exclusion is None else
+                  f", and in at least {exclusion.min_layout} and {exclusion.min_structure} from "
+                  f"each of {len(exclusion)} excluded (benchmark) layouts."), "",
               "Each record: `index`, `input_grid` (the masked grid, `V` to fill), "
               "`ground_truth`, `gravity_dir` (row, col) and `optimum`: the reference "
               "yardstick's optimum of the record's own masked problem, with the key a scorer "
@@ -831,7 +841,8 @@ class _Run:
         finally:
             self.files.close()
         summary = self._summary(time.perf_counter() - start, resumed)
-        atomic_write_text(self.output / "README.md", dataset_card(self.spec, summary))
+        atomic_write_text(self.output / "README.md",
+                          dataset_card(self.spec, summary, self.exclusion))
         self.manifest.update(complete=True, summary=summary)
         atomic_write_json(self.output / MANIFEST, self.manifest)
         shutil.rmtree(self.work, ignore_errors=True)

@@ -49,12 +49,20 @@ flags.DEFINE_enum("draw_order", "keyed", ["keyed", "sequential"],
                   "'sequential' (the shipped benchmark sets' single stream).")
 flags.DEFINE_list("exclude", [], "v2 corpus: more dataset folders to hold the samples apart "
                   "from (the shipped benchmark sets of the grid size always are).")
+flags.DEFINE_integer("min_layout_distance", 6,
+                     "v2 corpus: cells whose load/support role must differ between two of its "
+                     "samples (a 10x10 grid holds about a thousand layouts 6 cells apart; "
+                     "benchmark samples are always kept 6 away).", lower_bound=1)
+flags.DEFINE_integer("min_structure_distance", 8,
+                     "v2 corpus: cells whose material must differ between two of its samples' "
+                     "easy answers (benchmark samples are always kept 8 away).", lower_bound=0)
 flags.DEFINE_integer("verify_optima", 0, "v2 corpus: recompute this many random stored optima "
                      "at the end and fail on a mismatch.", lower_bound=0)
 
 SHARED = ("output_dir", "seed", "dataset_version", "num_devices", "output_json", "progress",
           "format", *common.ENGINE)
-CORPUS_FLAGS = ("format", "exclude", "verify_optima", *common.ENGINE)
+CORPUS_FLAGS = ("format", "exclude", "verify_optima", "min_layout_distance",
+                "min_structure_distance", *common.ENGINE)
 
 FLAGS = flags.FLAGS
 
@@ -105,7 +113,9 @@ def _corpus(output_dir: str, seed: int, grid_size: int, progress) -> dict:
     _refuse(["num_devices"], "does not apply to a v2 corpus (each task solves on one device)")
     if FLAGS.format == "json":
         raise UserInputError("a v2 corpus is written as --format=parquet or jsonl")
-    spec = CorpusSpec(FLAGS.num_samples, grid_size=grid_size, seed=seed, format=FLAGS.format)
+    spec = CorpusSpec(FLAGS.num_samples, grid_size=grid_size, seed=seed, format=FLAGS.format,
+                      min_layout=FLAGS.min_layout_distance,
+                      min_structure=FLAGS.min_structure_distance)
     exclusion = load_exclusion_index(grid_size, FLAGS.exclude)
     with common.engine() as engine:
         summary = build_corpus(spec, output_dir, engine=engine, exclusion=exclusion,
