@@ -50,16 +50,14 @@ def test_packed_distances_equal_cell_counts(n):
     assert pack_cells(np.ones((n, n), bool)).shape == (-(-n * n // 64),)
 
 
-def test_the_index_grows_and_checks_in_chunks(monkeypatch):
-    import sphyr_jax.data.exclusion as exclusion
-
-    monkeypatch.setattr(exclusion, "_CHUNK_WORDS", 8)  # many chunks
+def test_the_index_grows_and_keeps_what_was_added():
     rng = np.random.default_rng(1)
     load, support = _random_layouts(rng, 300, 10)
     index = SampleIndex((10, 10))
     for k in range(0, 300, 7):
         index.add(load[k: k + 7], support[k: k + 7])
     assert len(index) == 300
+    np.testing.assert_array_equal(index.layouts, layout_bits(load, support))
     queries = layout_bits(*_random_layouts(rng, 5, 10))
     plain = [min(np.count_nonzero(_codes(load, support)[j] != _codes(*(
         np.unpackbits(q[:2].view(np.uint8), bitorder="little")[:100].reshape(10, 10).astype(bool),
