@@ -19,10 +19,13 @@ which 3D solves do not keep.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from sphyr_jax.topopt import simp, strong_polish
 
-YARDSTICKS = ("reference", "strong")  # default first
+Yardstick = Literal["reference", "strong"]
+"""A yardstick by name (see the module docstring)."""
+YARDSTICKS: tuple[Yardstick, ...] = ("reference", "strong")  # default first
 REFERENCE_VERSION = 1
 STRONG_VERSION = 2
 
