@@ -10,7 +10,9 @@ implementation; see :class:`StructuralMetrics`.
 :func:`score_batch` scores many completions at once: analyses are batched per
 grid shape; each distinct sample (answer, mask, direction) is read, its answer
 analysed and its optimum looked up once per call however many completions
-share it, identical designs of a sample are analysed once, and missing optima
+share it, a completion repeated for the same sample (common in a GRPO group)
+is read and scored once, identical designs of a sample are analysed once, and
+missing optima
 are computed in one batch (or read from an
 :class:`~sphyr_jax.topopt.optimum.OptimumCache`, or from the optimum a
 record stores with its key, :attr:`ScoreItem.optimum`).  The cost of a call
@@ -100,11 +102,16 @@ class StructuralMetrics:
 
     def as_dict(self) -> dict:
         """JSON-ready fields; non-finite numbers become None."""
-        out = dataclasses.asdict(self)
+        out = _field_values(self)
         for key, value in out.items():
             if isinstance(value, float) and not math.isfinite(value):
                 out[key] = None
         return out
+
+
+def _field_values(metrics) -> dict:
+    """A metrics dataclass's fields in order (a shallow copy: the values are scalars)."""
+    return {name: getattr(metrics, name) for name in metrics.__dataclass_fields__}
 
 
 @dataclasses.dataclass
@@ -257,17 +264,28 @@ class _Problem:
 
 @dataclasses.dataclass
 class _Reading:
-    """The items of one call, read: distinct samples and every item's arrays."""
+    """The items of one call, read.
+
+    Attributes:
+        samples: the call's distinct samples.
+        problems: per item, its sample's reading.
+        prepared: per item, its completion's arrays or why it cannot be scored.
+        first: per item, the first item with the same sample and completion
+            (itself for the first): only those are scored, the rest copied.
+        stored: per sample, the first stored optimum its items carry (or None).
+    """
 
     samples: list[_Sample]
-    problems: list[_Problem]  # per item
-    prepared: list[_Prepared | str]  # per item: arrays, or why it cannot be scored
+    problems: list[_Problem]
+    prepared: list[_Prepared | str]
+    first: list[int]
+    stored: list
 
 
 def _frozen(value):
     """A hashable stand-in for a grid or direction given as text, tokens or numbers."""
     if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
+        return tuple(v if type(v) is str else _frozen(v) for v in value)
     if isinstance(value, np.ndarray):
         return (value.dtype.str, value.shape, value.tobytes())
     hash(value)  # TypeError for anything else unhashable
@@ -370,7 +388,11 @@ def _prepare(item: ScoreItem, problem: _Problem, samples: list) -> _Prepared | s
     if isinstance(problem.sample, str):
         return problem.sample
     sample = samples[problem.sample]
-    grid = extract_grid(item.completion, ndim=sample.ndim)
+    grid = None
+    if sample.ndim == 2 and isinstance(item.completion, str):
+        grid = plain_grid(item.completion)  # a clean grid, read fast (the same rows)
+    if grid is None:
+        grid = extract_grid(item.completion, ndim=sample.ndim)
     if grid is None:
         return "no grid found in the completion"
     shape = sample.case.shape
@@ -402,12 +424,25 @@ def _read_problems(items: Sequence[ScoreItem], max_cells: int | None,
 
 
 def _read_items(items: Sequence[ScoreItem], max_cells: int | None) -> _Reading:
-    """Every item read: its sample (shared) and its completion's densities."""
+    """Every item read: its sample (shared) and its completion's densities (an item
+    repeating an earlier one's sample and completion shares its reading)."""
     samples: list[_Sample] = []
     problems = _read_problems(items, max_cells, samples)
-    prepared = [_prepare(item, problem, samples) for item, problem in zip(items, problems,
-                                                                          strict=True)]
-    return _Reading(samples, problems, prepared)
+    stored: list = [None] * len(samples)
+    seen: dict = {}
+    first, prepared = [], []
+    for i, (item, problem) in enumerate(zip(items, problems, strict=True)):
+        k = problem.sample
+        if not isinstance(k, str) and stored[k] is None and item.optimum is not None:
+            stored[k] = item.optimum
+        try:
+            key = (id(problem), _frozen(item.completion))
+        except (TypeError, ValueError):
+            key = None  # an unhashable completion: read on its own
+        j = i if key is None else seen.setdefault(key, i)
+        first.append(j)
+        prepared.append(prepared[j] if j != i else _prepare(item, problem, samples))
+    return _Reading(samples, problems, prepared, first, stored)
 
 
 def _structural_fields(c: float, c_gt: float, c_opt: float, vf: float, vf_gt: float,
@@ -445,8 +480,8 @@ def _structural_fields(c: float, c_gt: float, c_opt: float, vf: float, vf_gt: fl
     return fields
 
 
-def _group_fields(idx: list[int], reading: _Reading, items: Sequence[ScoreItem],
-                  cache: OptimumCache, own_budget: bool, num_devices, progress) -> list[dict]:
+def _group_fields(idx: list[int], reading: _Reading, cache: OptimumCache, own_budget: bool,
+                  num_devices, progress) -> list[dict]:
     """The structural fields of one shape group's items (analyses and optima batched).
 
     Each distinct sample's answer is analysed, and its optimum looked up, once
@@ -455,14 +490,10 @@ def _group_fields(idx: list[int], reading: _Reading, items: Sequence[ScoreItem],
     """
     prepared = [reading.prepared[i] for i in idx]
     local: dict[int, int] = {}
-    stored: list = []
-    for i, p in zip(idx, prepared, strict=True):
-        if p.sample not in local:
-            local[p.sample] = len(local)
-            stored.append(None)
-        if stored[local[p.sample]] is None:
-            stored[local[p.sample]] = items[i].optimum  # the first a sample's items offer
+    for p in prepared:
+        local.setdefault(p.sample, len(local))
     distinct = [reading.samples[s] for s in local]
+    stored = [reading.stored[s] for s in local]
     owner = np.array([local[p.sample] for p in prepared])
     cases = [s.case for s in distinct]
     seeds = [s.gt_rho for s in distinct]
@@ -529,21 +560,26 @@ def score_batch(
     fea.require_x64()
     cache = cache_for(cache, optimum, num_devices)
     reading = _read_items(items, max_cells)
-    fields: list[dict] = [{"invalid_reason": p} if isinstance(p, str) else {}
-                          for p in reading.prepared]
+    unique = [i for i, j in enumerate(reading.first) if i == j]
+    fields: dict[int, dict] = {}
     by_shape: dict[tuple, list[int]] = {}
-    for i, p in enumerate(reading.prepared):
-        if not isinstance(p, str):
+    for i in unique:
+        p = reading.prepared[i]
+        if isinstance(p, str):
+            fields[i] = {"invalid_reason": p}
+        else:
             by_shape.setdefault(reading.samples[p.sample].case.shape, []).append(i)
     for idx in by_shape.values():
-        for i, f in zip(idx, _group_fields(idx, reading, items, cache,
-                                           include_own_budget_reference, num_devices,
-                                           progress), strict=True):
-            fields[i] = f
-    if not static:
-        return [StructuralMetrics(**f) for f in fields]
-    statics = _static_of(items, reading.problems)
-    return [CompletionMetrics(**s.as_dict(), **f) for s, f in zip(statics, fields, strict=True)]
+        fields.update(zip(idx, _group_fields(idx, reading, cache, include_own_budget_reference,
+                                             num_devices, progress), strict=True))
+    if static:
+        statics = _static_of([items[i] for i in unique], [reading.problems[i] for i in unique])
+        scored = {i: CompletionMetrics(**_field_values(s), **fields[i])
+                  for i, s in zip(unique, statics, strict=True)}
+    else:
+        scored = {i: StructuralMetrics(**fields[i]) for i in unique}
+    return [scored[i] if i == j else dataclasses.replace(scored[j])
+            for i, j in enumerate(reading.first)]
 
 
 def _static_of(items: Sequence[ScoreItem], problems: Sequence[_Problem]) -> list[StaticMetrics]:

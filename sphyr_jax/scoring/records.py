@@ -31,7 +31,7 @@ Fields read (:func:`record_item`), each with one precedence:
   the sample's key under the scorer's yardstick.
 
 Identical records (the same sample and the same completion, common in a GRPO
-group) are scored once.
+group) are scored once (:func:`~sphyr_jax.scoring.metrics.score_batch`).
 """
 
 from __future__ import annotations
@@ -123,20 +123,6 @@ def record_item(record: dict, *, gravity=None) -> ScoreItem:
                      record.get("optimum"))
 
 
-def _hashable(value):
-    if isinstance(value, (list, tuple)):
-        return tuple(_hashable(v) for v in value)
-    hash(value)  # TypeError for anything else unhashable
-    return value
-
-
-def _key(item: ScoreItem):
-    """Items with equal keys score the same (a stored optimum counts by its key)."""
-    stored = item.optimum.get("key") if isinstance(item.optimum, dict) else item.optimum
-    return _hashable((item.completion, item.ground_truth, item.input_grid, item.gravity_dir,
-                      stored))
-
-
 def score_records(
     records: Sequence[dict],
     *,
@@ -171,24 +157,11 @@ def score_records(
     Raises:
         ValueError: ``optimum`` is unknown or differs from the cache's.
     """
-    unique: list[ScoreItem] = []
-    first: dict = {}
-    where = []
-    for record in records:
-        item = record_item(record, gravity=gravity)
-        try:
-            key = _key(item)
-        except TypeError:
-            key = object()  # unhashable fields: scored on its own
-        if key not in first:
-            first[key] = len(unique)
-            unique.append(item)
-        where.append(first[key])
-    scored = [m.as_dict() for m in score_batch(
-        unique, cache=cache, include_own_budget_reference=design_efficiency,
+    items = [record_item(record, gravity=gravity) for record in records]
+    return [m.as_dict() for m in score_batch(
+        items, cache=cache, include_own_budget_reference=design_efficiency,
         num_devices=num_devices, progress=progress, optimum=optimum, max_cells=max_cells,
-        static=True)] if unique else []
-    return [dict(scored[w]) for w in where]
+        static=True)]
 
 
 def optimum_fields(records: Sequence[dict], *, gravity=None, cache: OptimumCache | None = None,

@@ -85,8 +85,17 @@ def optimum_key(load_case: LoadCase, seed=None, options=None) -> str:
     new keys and never reuses an optimum of the old one.
     """
     options = yardstick_options("reference" if options is None else options)
+    return _key(_settings_text(options), load_case, seed)
+
+
+def _settings_text(options: Options) -> bytes:
+    """What a key says of the yardstick: its name, recipe version and every setting."""
+    return json.dumps(options.key(), sort_keys=True).encode()
+
+
+def _key(settings: bytes, load_case: LoadCase, seed) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps(options.key(), sort_keys=True).encode())
+    h.update(settings)
     h.update(repr(load_case.shape).encode())
     for name in ("load_mask", "support_mask", "design_mask"):
         h.update(np.asarray(getattr(load_case, name), bool).tobytes())
@@ -211,6 +220,7 @@ class OptimumCache:
         self.max_memory_entries = None if max_memory_entries is None else int(max_memory_entries)
         self.directory = pathlib.Path(directory) if directory else None
         self._memory: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        self._settings: dict[int, bytes] = {}  # per grid dimension
         self.hits = 0
         self.misses = 0
         self.computed = 0
@@ -224,8 +234,13 @@ class OptimumCache:
         return len(self._memory)
 
     def key(self, case: LoadCase, seed=None) -> str:
-        """The key this cache files the optimum of ``case`` and ``seed`` under."""
-        return optimum_key(case, seed, grid_options(self.options, case.ndim))
+        """The key this cache files the optimum of ``case`` and ``seed`` under
+        (:func:`optimum_key` with the cache's settings for the grid's dimension)."""
+        ndim = case.ndim
+        settings = self._settings.get(ndim)
+        if settings is None:
+            settings = self._settings[ndim] = _settings_text(grid_options(self.options, ndim))
+        return _key(settings, case, seed)
 
     def _remember(self, key: str, entry: dict) -> dict:
         memory = self._memory
