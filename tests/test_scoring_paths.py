@@ -198,7 +198,8 @@ from sphyr_jax.runtime import release_heap
 from sphyr_jax.topopt.optimum import OptimumCache
 
 limit = None if sys.argv[1] == "none" else int(sys.argv[1])
-count, size, directions, chunk, warm = 20480, 8, 40, 256, 4096
+size = int(sys.argv[3])
+count, directions, chunk, warm = 20480, 40, 256, 4096
 sj.enable_x64()
 if sys.argv[2]:
     sj.enable_compilation_cache(sys.argv[2])
@@ -255,17 +256,21 @@ print(json.dumps({"growth_mb": resident_mb() - before, "records": len(rows),
 """
 
 
-def reward_memory(limit: int | None) -> dict:
+def reward_memory(limit: int | None, size: int = 4) -> dict:
     """Score 20,480 distinct problems with a reward whose cache keeps ``limit`` optima
     in memory, in a process of its own (one malloc arena, so the resident size moves
     with what is kept, not with which thread allocated); its resident growth after the
-    first 4,096.  Each problem (an 8x8 layout in one of 40 load directions) carries a
-    stored optimum with its key, so nothing is optimised: the answer stands in for the
-    optimum (this measures memory; stored optima against computed ones are tested above).
-    With ``limit=None`` (no bound) the resident size grows with every problem, several
-    times past the bound the test allows."""
+    first 4,096.
+
+    Each problem is a ``size`` x ``size`` layout (tiny, so the run takes seconds) in
+    one of 40 load directions and carries a stored optimum with its key, so nothing is
+    optimised: the answer stands in for the optimum (this measures memory; stored
+    optima against computed ones are tested above).  With ``limit=None`` (no bound)
+    the resident size grows with every problem, several times past the bound the
+    test allows."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "MALLOC_ARENA_MAX": "1"}
-    done = subprocess.run([sys.executable, "-c", _MEMORY_RUN, str(limit).lower(), COMPILE_CACHE],
+    done = subprocess.run([sys.executable, "-c", _MEMORY_RUN, str(limit).lower(), COMPILE_CACHE,
+                           str(size)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
