@@ -432,6 +432,7 @@ async def _run(asker: _Asker, scorer: _Scorer, writer: _Writer, queue: deque,
                concurrency: int) -> None:
     """The three loops until every task is asked, scored and written (files are
     written last also on errors and cancellation)."""
+    asker.settings.report("answers", 0, asker.counts.to_ask)  # the stage shows from its start
     workers = [asyncio.ensure_future(asker.worker(queue))
                for _ in range(min(concurrency, len(queue)))]
     scoring = asyncio.ensure_future(scorer.loop())

@@ -497,6 +497,8 @@ def _group_fields(idx: list[int], reading: _Reading, cache: OptimumCache, own_bu
     owner = np.array([local[p.sample] for p in prepared])
     cases = [s.case for s in distinct]
     seeds = [s.gt_rho for s in distinct]
+    if progress is not None:
+        progress("analysis", 0, len(idx))
     gt, out = _analyze_group(stack_load_cases(cases), seeds,
                              [(local[p.sample], p.out_rho) for p in prepared], num_devices)
     if progress is not None:

@@ -353,6 +353,8 @@ def _score_tree(loaded, cache: OptimumCache, summary: RescoreSummary, *,
     invalid records are counted, and those whose own fields are unusable listed."""
     flat = [(rf, i, rec) for rf, recs in loaded for i, rec in enumerate(recs)]
     step = max(1, chunk)
+    if progress is not None and flat:
+        progress("records", 0, len(flat))
     for lo in range(0, len(flat), step):
         part = flat[lo: lo + step]
         fields = score_records([_in_folder(rec, rf) for rf, _, rec in part], cache=cache,

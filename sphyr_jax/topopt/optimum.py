@@ -131,7 +131,7 @@ def stored_optimum(load_case: LoadCase, seed, result: OptimumResult,
     entry = _entry(result)
     c = entry["compliance"]
     return {"yardstick": yardstick_name(options),
-            "key": optimum_key(load_case, seed, options),
+            "key": optimum_key(load_case, seed, options=options),
             "compliance": c if math.isfinite(c) else None,
             "densities": entry["densities"].tolist(),
             "iterations": entry["iterations"],
@@ -154,7 +154,7 @@ def read_stored_optimum(field, load_case: LoadCase, seed,
         foreign optimum is never used).
     """
     options = grid_options(yardstick_options(yardstick), load_case.ndim)
-    entry = _stored_entry(field, optimum_key(load_case, seed, options), load_case.shape)
+    entry = _stored_entry(field, optimum_key(load_case, seed, options=options), load_case.shape)
     return None if entry is None else _result([entry])
 
 
@@ -212,7 +212,8 @@ class OptimumCache:
             num_devices: devices batches are split over (None: all local).
             max_memory_entries: optima kept in memory (None: no bound).
         """
-        self.options = yardstick_options(yardstick if options is None else options, num_devices)
+        self.options = yardstick_options(yardstick if options is None else options,
+                                         num_devices=num_devices)
         self.yardstick = yardstick_name(self.options)
         self.max_batch = max(1, int(max_batch))
         if max_memory_entries is not None and int(max_memory_entries) < 1:
@@ -335,7 +336,7 @@ class OptimumCache:
             idx = [i for _, i in part]
             batch = stack_load_cases([cases[i] for i in idx])
             sd = None if seeds is None else np.stack([np.asarray(seeds[i]) for i in idx])
-            res = optimum_batch(batch, sd, self.options, progress)
+            res = optimum_batch(batch, sd, yardstick=self.options, progress=progress)
             self.computed += len(idx)
             if progress is not None:
                 progress("optima", lo + len(part), len(pending))

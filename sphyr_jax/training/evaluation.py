@@ -98,7 +98,7 @@ def mean_scores(per_record: Sequence[dict]) -> dict:
 
 def score_summary(records: Sequence[dict], completions: Sequence, *,
                   cache: OptimumCache | None = None, num_devices: int | None = None,
-                  optimum: Yardstick | None = None) -> dict:
+                  optimum: Yardstick | None = None, progress=None) -> dict:
     """Score completions of dataset records and summarise them.
 
     Args:
@@ -109,6 +109,7 @@ def score_summary(records: Sequence[dict], completions: Sequence, *,
         num_devices: devices scoring is split over (None: all local).
         optimum: the yardstick (``"reference"``, the default, or ``"strong"``;
             None: the cache's).
+        progress: optional callable(stage, done, total) of the scoring.
 
     Returns:
         :func:`mean_scores` of the records, ``samples`` (count) and
@@ -116,7 +117,7 @@ def score_summary(records: Sequence[dict], completions: Sequence, *,
         :func:`~sphyr_jax.scoring.records.score_records`).
     """
     per = score_records([{**r, "completion": c} for r, c in zip(records, completions, strict=True)],
-                        cache=cache, num_devices=num_devices, optimum=optimum)
+                        cache=cache, num_devices=num_devices, optimum=optimum, progress=progress)
     return {**mean_scores(per), "samples": len(per), "per_record": per}
 
 
