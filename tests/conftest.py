@@ -178,26 +178,6 @@ def optimum_cache():
     return OptimumCache()
 
 
-def run_app(argv, monkeypatch, cache=None) -> int:
-    """``python -m sphyr_jax <argv>`` run in this process: its exit status.
-
-    JAX keeps the tests' configuration (the app's setup is skipped); ``cache``,
-    when given, is the optimum cache every command uses.
-    """
-    from absl import flags
-
-    from sphyr_jax.app import cli, common
-
-    if cache is not None:
-        monkeypatch.setattr(common, "cache", lambda: cache)
-    monkeypatch.setattr(common, "setup", lambda: None)
-    remaining = flags.FLAGS(["sphyr_jax", *argv])
-    try:
-        return cli.main(remaining)
-    finally:
-        flags.FLAGS.unparse_flags()
-
-
 def store_optima(directory, records, session_cache):
     """Write the optima of stored records (``prompt``/``ground_truth``) as an
     on-disk optimum cache, taking them from the session's cache, so a

@@ -19,9 +19,11 @@ import numpy as np
 import pytest
 import scipy.sparse
 import scipy.sparse.linalg
-from conftest import REPO, run_app
+from absl import flags
+from conftest import REPO
 
 import sphyr_jax
+from sphyr_jax.app import cli, common
 from sphyr_jax.data import generate_v2 as g2
 from sphyr_jax.data.datasets import (
     VARIANTS,
@@ -363,6 +365,15 @@ def test_attempt_bound_raises_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+def _run_app(argv, monkeypatch):
+    monkeypatch.setattr(common, "setup", lambda: None)  # x64 is on; keep JAX config
+    remaining = flags.FLAGS(["sphyr_jax"] + argv)
+    try:
+        return cli.main(remaining)
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
 def test_app_writes_the_same_bytes_for_the_same_seed(generated, tmp_path, monkeypatch,
                                                       capsys):
     out, _ = generated
@@ -370,7 +381,7 @@ def test_app_writes_the_same_bytes_for_the_same_seed(generated, tmp_path, monkey
                               batch_size=SMALL["batch_size"])
     monkeypatch.setattr(g2, "generate_v2_dataset", quick)
     again = tmp_path / "again"
-    status = run_app(["generate", "--dataset_version=v2", f"--num_samples={SAMPLES}",
+    status = _run_app(["generate", "--dataset_version=v2", f"--num_samples={SAMPLES}",
                        f"--seed={SEED}", f"--output_dir={again}", "--progress=false"],
                       monkeypatch)
     assert status == 0
@@ -388,7 +399,7 @@ def test_app_writes_the_same_bytes_for_the_same_seed(generated, tmp_path, monkey
     (["--dataset_version=v2", "--grid_size=4"], "at least 5"),
 ])
 def test_app_refuses_v1_options_for_v2(argv, message, tmp_path, monkeypatch, capsys):
-    status = run_app(["generate", *argv, f"--output_dir={tmp_path / 'x'}"], monkeypatch)
+    status = _run_app(["generate", *argv, f"--output_dir={tmp_path / 'x'}"], monkeypatch)
     assert status == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
