@@ -20,7 +20,7 @@ server on 127.0.0.1 speaking ``/v1/chat/completions`` on one asyncio loop; it
 answers the prompt's grid with every masked cell solid).  The reference runs
 in three parts, one after each of our runs, so both sides share the machine's
 drifting load alike.  The samples: the 20 embedded samples of
-each subject (``data/dataset``) under the 8 turns and mirrors of the square
+each subject (``sphyr_jax/data/sets/dataset``) under the 8 turns and mirrors of the square
 (load direction turned alike), 160 distinct records per subject, of which
 the published order takes 100.
 
@@ -43,6 +43,7 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+SETS = REPO / "sphyr_jax" / "data" / "sets"  # the embedded sets (sphyr_jax.data.embedded)
 for path in (REPO, REPO / "benchmarks"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
@@ -56,7 +57,7 @@ def write_dataset(folder: pathlib.Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for subject in list_subjects():
         out = []
-        for base in load_subject(REPO / "data" / "dataset", subject):
+        for base in load_subject(SETS / "dataset", subject):
             for variant, (k, mirror) in enumerate((k, m) for m in (None, 1) for k in range(4)):
                 record = transform_record(base, k, mirror=mirror)
                 record["index"] = variant * 1000 + base["index"]
@@ -140,7 +141,7 @@ def main() -> None:
     write_dataset(data)
     warm = Endpoint(0.0)
     try:  # compile once (persistent compilation cache), on other samples
-        evaluate_cli("warmup", warm.url, REPO / "data" / "dataset", work / "warmup",
+        evaluate_cli("warmup", warm.url, SETS / "dataset", work / "warmup",
                      subjects=["full_easy"], concurrency=8, cache_dir=work / "warmup_optima")
 
         if "100" not in skip:

@@ -2,7 +2,7 @@
 
 Solves the converted SPhyR-3D answers (easy and hard ground truths of
 ``../shared/sphyr_reference/raw_data_3d``, else of the embedded
-``data/dataset_3d/raw``, else random 0/1 voxel designs), tiled to each batch
+``sphyr_jax/data/sets/dataset_3d/raw``, else random 0/1 voxel designs), tiled to each batch
 size, with one :func:`sphyr_jax.compliance` call per batch (the multigrid CG
 solver, :class:`sphyr_jax.Multigrid`) on the local default device; reports the
 median of warm repetitions (compile time separately) next to an assembly +
@@ -32,6 +32,7 @@ import scipy.sparse
 import scipy.sparse.linalg
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+SETS = REPO / "sphyr_jax" / "data" / "sets"  # the embedded sets (sphyr_jax.data.embedded)
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -43,7 +44,7 @@ from sphyr_jax.problem.grids import densities_from_grid  # noqa: E402
 from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases  # noqa: E402
 
 SHARED_RAW = REPO.parent / "shared" / "sphyr_reference" / "raw_data_3d"
-EMBEDDED_RAW = REPO / "data" / "dataset_3d" / "raw"
+EMBEDDED_RAW = SETS / "dataset_3d" / "raw"
 AGREEMENT_RTOL = 1e-8
 
 

@@ -37,7 +37,8 @@ import textwrap
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA = REPO / "data" / "dataset"
+SETS = REPO / "sphyr_jax" / "data" / "sets"  # the embedded sets (sphyr_jax.data.embedded)
+DATA = SETS / "dataset"
 MIXED = ("full_easy", "full_hard", "5_random_cell_easy", "10_random_cell_hard",
          "1_random_column_hard", "3_random_column_easy", "1_random_row_easy",
          "3_random_row_hard")
@@ -212,7 +213,7 @@ COMPILE_BUDGET = """
         ("solve", lambda: sj.solve(case, rho)),
         ("analyze", lambda: sj.analyze(case, rho)),
         ("grad of compliance", lambda: jax.grad(sj.compliance, argnums=1)(case, rho)),
-        ("optimize (SIMP, 3 runs)", lambda: sj.optimize(batch, 3.0)),
+        ("optimize (SIMP, 3 runs)", lambda: sj.optimize(batch, penal=3.0)),
         ("reference yardstick", lambda: sj.optimum(case)),
         ("get_structural_metrics (rest)",
          lambda: sj.get_structural_metrics(rec["ground_truth"], rec["ground_truth"],

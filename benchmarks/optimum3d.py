@@ -3,7 +3,7 @@
 Builds ``full_hard_3d`` problems (every voxel of the interior layers a design
 cell, the hard answer pinned elsewhere and as the budget) from the shared
 SPhyR-3D CSVs (``../shared/sphyr_reference/raw_data_3d``), else from the
-embedded ``data/dataset_3d/raw``, and computes their optima with
+embedded ``sphyr_jax/data/sets/dataset_3d/raw``, and computes their optima with
 :func:`sphyr_jax.topopt.optimum.optimum_batch` (the reference recipe with the voxel
 settings: six SIMP runs of up to 100 iterations in a pool of two slots per
 sample, every candidate and rounding scored, no polish) on the local default
@@ -39,6 +39,7 @@ import jax
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+SETS = REPO / "sphyr_jax" / "data" / "sets"  # the embedded sets (sphyr_jax.data.embedded)
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -49,7 +50,7 @@ from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases  # 
 from sphyr_jax.topopt.optimum import optimum_batch  # noqa: E402
 
 SHARED_RAW = REPO.parent / "shared" / "sphyr_reference" / "raw_data_3d"
-EMBEDDED_RAW = REPO / "data" / "dataset_3d" / "raw"
+EMBEDDED_RAW = SETS / "dataset_3d" / "raw"
 
 
 def peak_mb() -> float:

@@ -25,8 +25,8 @@ through and after.
 
 Usage::
 
-    python benchmarks/rl.py [--repeats 3] [--dataset_dir data/dataset] [--skip server]
-        [--load_episodes 2000] [--json out.json]
+    python benchmarks/rl.py [--repeats 3] [--dataset_dir sphyr_jax/data/sets/dataset]
+        [--skip server] [--load_episodes 2000] [--json out.json]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+SETS = REPO / "sphyr_jax" / "data" / "sets"  # the embedded sets (sphyr_jax.data.embedded)
 for path in (REPO, REPO / "benchmarks"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
@@ -263,7 +264,7 @@ def main() -> None:
                                  int(reconnect))))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset_dir", default=str(REPO / "data" / "dataset"))
+    parser.add_argument("--dataset_dir", default=str(SETS / "dataset"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--load_episodes", type=int, default=2000)
     parser.add_argument("--skip", default="", help="comma list: reward, server")

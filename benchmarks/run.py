@@ -39,6 +39,7 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+SETS = REPO / "sphyr_jax" / "data" / "sets"  # the embedded sets (sphyr_jax.data.embedded)
 SHARED = REPO.parent / "shared" / "sphyr_reference"
 REFERENCE_RECORDS = 8  # records the published method scores in this run (about 1-2 s each)
 
@@ -105,7 +106,7 @@ def bench_validate(work: pathlib.Path) -> dict:
     if (SHARED / "datasets" / "full_easy.jsonl").exists():
         dataset = SHARED / "datasets"
     else:
-        dataset = REPO / "data" / "dataset"
+        dataset = SETS / "dataset"
     base = ["-m", "sphyr_jax", "validate", "--subject=full_easy", "--samples=20",
             f"--dataset_dir={dataset}", f"--compilation_cache_dir={work / 'xla-validate'}",
             "--progress=false"]

@@ -87,8 +87,7 @@ def one_size(n: int, samples: int, reference_samples: int, batch_samples: int) -
     items = [sj.ScoreItem(c, r["ground_truth"], r["input_grid"])
              for c, r in zip(completions, records, strict=True)]
     solver = default_solver((n, n))
-    lapack = isinstance(solver, Banded) and solver.uses_lapack(get_grid((n, n)))
-    out = {"n": n, "solver": "LAPACK banded" if lapack else solver.name}
+    out = {"n": n, "solver": solver.label(get_grid((n, n)))}
 
     # Metric per sample: a warm-up sample compiles, then new samples one at a time.
     t0 = time.perf_counter()

@@ -49,8 +49,8 @@ def _answers(n: int, count: int, seed: int) -> list[dict]:
                   for r, row in enumerate(grid)]
         cases.append(with_budget(sj.load_case_from_grid(grid, masked), vf))
     batch = sj.stack_load_cases(cases)
-    res = sj.optimize(batch, 3.0, options=sj.SimpOptions(max_iterations=60))
-    free, _ = free_budget(batch.design_mask, batch.pinned, batch.volume_fraction, 2)
+    res = sj.optimize(batch, penal=3.0, options=sj.SimpOptions(max_iterations=60))
+    free, _ = free_budget(batch.design_mask, batch.pinned, batch.volume_fraction, ndim=2)
     design = np.asarray(binarize(res.densities, batch.design_mask, batch.pinned, free))
     out = []
     for (grid, _), rho in zip(layouts, design, strict=True):

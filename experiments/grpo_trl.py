@@ -19,15 +19,13 @@ clockwise turns and prompt style of the evaluation harness).
 from __future__ import annotations
 
 import argparse
-import pathlib
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct")
-    parser.add_argument("--dataset_dir", default=str(REPO / "data" / "dataset"))
+    parser.add_argument("--dataset_dir", default=None,
+                        help="dataset folder (default: the embedded v1 set)")
     parser.add_argument("--subjects", default="1_random_cell_easy,5_random_cell_easy")
     parser.add_argument("--rotations", default="0")
     parser.add_argument("--style", default="default")
@@ -38,6 +36,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import sphyr_jax as sj
+    from sphyr_jax.data import embedded
 
     sj.enable_x64()  # float64 before any scoring: E_min = 1e-9 needs it
     sj.enable_compilation_cache()
@@ -47,7 +46,7 @@ def main() -> None:
     from sphyr_jax.rl import TopologyReward, prompt_dataset
 
     dataset = prompt_dataset(
-        args.dataset_dir, subjects=args.subjects.split(","),
+        args.dataset_dir or embedded("dataset"), subjects=args.subjects.split(","),
         rotations=[int(r) for r in args.rotations.split(",")], style=args.style,
         conversational=True)  # chat prompts; completions come back as chat messages
     reward = TopologyReward(cache_dir=args.optima)  # one cache for the whole run

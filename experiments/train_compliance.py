@@ -29,13 +29,14 @@ if str(REPO) not in sys.path:  # run as a script from a source checkout
 
 import sphyr_jax  # noqa: E402
 from sphyr_jax import training  # noqa: E402
+from sphyr_jax.data import embedded  # noqa: E402
+from sphyr_jax.progress import ProgressBar  # noqa: E402
 
 FLAGS = flags.FLAGS
 _D = training.TrainConfig()
 _P, _M, _L = _D.problem, _D.model, _D.loss
-DATA = REPO / "data"
-DEFAULT_EVAL_DATA = [str(DATA / "dataset")] + [
-    str(DATA / f"dataset_{tag}") for tag in ("3_rotations", "2_rotations", "1_rotations")]
+DEFAULT_EVAL_DATA = [embedded("dataset")] + [
+    embedded(f"dataset_{tag}") for tag in ("3_rotations", "2_rotations", "1_rotations")]
 
 flags.DEFINE_string("workdir", None, "Output folder (checkpoint, metrics.json, leaderboard).")
 flags.DEFINE_bool("eval_only", False, "Score the model in --checkpoint; no training.")
@@ -143,12 +144,14 @@ def main(argv):
     groups = eval_groups() if (FLAGS.eval or FLAGS.eval_only) else []
     logging.info("%d evaluation groups, %d records", len(groups),
                  sum(len(g.records) for g in groups))
-    if FLAGS.eval_only:
-        model = training.load_checkpoint(FLAGS.checkpoint or FLAGS.workdir)
-        out = training.evaluate_model(model, groups, FLAGS.workdir, cache, logging.info)
-    else:
-        out = training.run_experiment(config_from_flags(), FLAGS.workdir, groups, cache,
-                                      log=logging.info)
+    with ProgressBar() as progress:  # the scoring's stages on stderr
+        if FLAGS.eval_only:
+            model = training.load_checkpoint(FLAGS.checkpoint or FLAGS.workdir)
+            out = training.evaluate_model(model, groups, FLAGS.workdir, cache, logging.info,
+                                          progress=progress)
+        else:
+            out = training.run_experiment(config_from_flags(), FLAGS.workdir, groups, cache,
+                                          log=logging.info, progress=progress)
     for source, s in out.get("summary", {}).items():
         means = ", ".join(f"{n} {m['topology_score']:.3f} ({100 * m['load_carrying']:.0f}%)"
                           for n, m in s["mean"].items())

@@ -22,10 +22,12 @@ from sphyr_jax.fem.fea import (
 from sphyr_jax.fem.solvers import (
     CG,
     RESULTS,
+    AbstractFactorSolver,
     Banded,
     Dense,
     Multigrid,
     Solver,
+    as_solver,
     default_solver,
     result_name,
 )
@@ -48,6 +50,7 @@ from sphyr_jax.problem.loadcase import (
     stack_load_cases,
 )
 from sphyr_jax.runtime import (
+    clear_caches,
     enable_compilation_cache,
     enable_x64,
     release_memory_after_compiles,
@@ -79,6 +82,7 @@ from sphyr_jax.topopt.simp import SimpOptions, apply_filter, optimize
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbstractFactorSolver",
     "Analysis",
     "Banded",
     "CG",
@@ -109,7 +113,9 @@ __all__ = [
     "analyze",
     "apply_filter",
     "as_grid",
+    "as_solver",
     "binarize",
+    "clear_caches",
     "compliance",
     "default_solver",
     "dense_stiffness",

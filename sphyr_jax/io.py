@@ -4,8 +4,10 @@ Conventions: text is UTF-8.  A write goes to a temporary file in the target's
 own directory (so ``os.replace`` is an atomic rename on the same file system),
 is flushed and fsynced, then renamed over the target; on any failure the
 temporary file is removed and the target keeps its previous bytes (or stays
-absent).  New files get the usual ``0o666 & ~umask`` permissions; a replaced
-file keeps its permission bits.  JSON is written strictly (``NaN`` and
+absent).  New files get the usual ``0o666 & ~umask`` permissions (the
+temporary file is created with mode ``0o666`` and the system applies the
+process's umask, which is never read or changed here); a replaced file keeps
+its permission bits.  JSON is written strictly (``NaN`` and
 ``Infinity`` are refused: store non-finite numbers as ``null``).  Readers name
 the path, and for JSON lines the 1-based line number, of anything unreadable.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import stat
 import tempfile
 from collections.abc import Callable, Mapping
@@ -23,15 +26,6 @@ from typing import Any
 from sphyr_jax.errors import UserInputError
 
 PathLike = str | os.PathLike
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _current_umask()
 
 
 class CorruptFileError(UserInputError):
@@ -62,11 +56,34 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _target_mode(path: str) -> int:
+def _existing_mode(path: str) -> int | None:
+    """The permission bits of ``path``, or None if there is no such file."""
     try:
         return stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
-        return 0o666 & ~_UMASK
+        return None
+
+
+_OPEN_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+               | getattr(os, "O_BINARY", 0))
+
+
+def _create_temp(path: str, suffix: str) -> tuple[int, str]:
+    """Create a new hidden sibling of ``path`` with mode ``0o666`` less the umask.
+
+    Like :func:`tempfile.mkstemp` (a fresh random name, created exclusively),
+    but the system applies the process's umask (and a directory's default
+    ACL), as for any new file, instead of mkstemp's fixed ``0o600``.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(4)}{suffix}")
+        try:
+            return os.open(tmp, _OPEN_FLAGS, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def _write_temp(path: str, writer: Callable[[Any], None], encoding: str | None) -> str:
@@ -75,8 +92,7 @@ def _write_temp(path: str, writer: Callable[[Any], None], encoding: str | None) 
     The temporary file is flushed and fsynced; it is removed if anything fails.
     ``encoding=None`` opens it in binary mode.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    fd, tmp = _create_temp(path, ".tmp")
     try:
         binary = encoding is None
         with (os.fdopen(fd, "wb") if binary else
@@ -84,7 +100,9 @@ def _write_temp(path: str, writer: Callable[[Any], None], encoding: str | None) 
             writer(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, _target_mode(path))
+        mode = _existing_mode(path)
+        if mode is not None:
+            os.chmod(tmp, mode)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

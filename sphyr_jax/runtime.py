@@ -11,6 +11,14 @@ start-up:
 * :func:`release_memory_after_compiles` — hand the C heap's free pages back
   to the system after every XLA compilation (a compilation's scratch memory
   otherwise stays in the process for good).
+
+It also keeps the library's in-memory caches in one registry: every cache
+that grows with distinct inputs (grid shapes, solvers, static options) is a
+:class:`BoundedCache` made by :func:`bounded_cache`, a least-recently-used
+cache with a bound on its entries (:func:`cache_limits` lists them,
+:func:`set_cache_limit` changes one, :func:`cache_sizes` counts their entries),
+and :func:`clear_caches` empties them
+all together with JAX's caches of compiled programs.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import ctypes.util
 import functools
 import os
 import pathlib
+from collections.abc import Callable
 
 import jax
 
@@ -147,13 +156,111 @@ def release_memory_after_compiles() -> None:
     process, however often called).
 
     XLA's CPU compiler builds every kernel of a program before it frees them
-    all, and glibc keeps the freed pages in its per-thread heaps: after the
-    voxel yardstick's compilation (about 1.2 GB of scratch) the process stayed
-    about 0.8 GB larger than it needed for the rest of its life, and the
-    programs' buffers then grew on top.  Trimming costs milliseconds a
-    compilation and changes no result.
+    all, and glibc keeps the freed pages in its per-thread heaps: after a
+    large compilation (the voxel yardstick's) the process stays larger by
+    most of the compiler's scratch memory for the rest of its life, and the
+    programs' buffers then grow on top.  Trimming costs a pass over the heap
+    per compilation and changes no result (``benchmarks/optimum3d.py`` prints
+    the peak memory).
     """
     global _trimming
     if not _trimming:
         jax.monitoring.register_event_duration_secs_listener(_trim_after_compile)
         _trimming = True
+
+
+# ----------------------------------------------------------------------------
+# Bounded caches, released together.
+
+_CACHES: dict[str, BoundedCache] = {}
+
+
+class BoundedCache:
+    """A function's results kept in a least-recently-used cache of bounded size.
+
+    Calls go to :func:`functools.lru_cache` (arguments must be hashable); the
+    bound can be changed later (:meth:`resize`, or :func:`set_cache_limit` by
+    name), which empties the cache.
+
+    Attributes:
+        name: ``module.qualname`` of the function, the cache's name in the
+            registry.
+        maxsize: the bound on entries.
+    """
+
+    def __init__(self, fn: Callable, maxsize: int):
+        functools.update_wrapper(self, fn)
+        self.name = f"{fn.__module__}.{fn.__qualname__}"
+        self._fn = fn
+        self.maxsize = 0
+        self.resize(maxsize)
+
+    def __call__(self, *args, **kwargs):
+        return self._cached(*args, **kwargs)
+
+    def resize(self, maxsize: int) -> None:
+        """Bound the cache to ``maxsize`` entries (at least 1); it starts empty."""
+        maxsize = int(maxsize)
+        if maxsize < 1:
+            raise ValueError(f"cache {self.name}: the bound must be at least 1, got {maxsize}")
+        self.maxsize = maxsize
+        self._cached = functools.lru_cache(maxsize=maxsize)(self._fn)
+
+    def cache_clear(self) -> None:
+        """Drop every entry."""
+        self._cached.cache_clear()
+
+    def cache_info(self):
+        """``functools``' hits, misses, bound and current size."""
+        return self._cached.cache_info()
+
+
+def bounded_cache(maxsize: int) -> Callable[[Callable], BoundedCache]:
+    """Decorator: cache a function's results in a registered :class:`BoundedCache`.
+
+    Args:
+        maxsize: bound on the entries (distinct argument tuples) kept.
+    """
+
+    def wrap(fn: Callable) -> BoundedCache:
+        cache = BoundedCache(fn, maxsize)
+        _CACHES[cache.name] = cache
+        return cache
+
+    return wrap
+
+
+def cache_limits() -> dict[str, int]:
+    """The bound of every registered cache, by name (``module.qualname``)."""
+    return {name: cache.maxsize for name, cache in sorted(_CACHES.items())}
+
+
+def set_cache_limit(name: str, maxsize: int) -> None:
+    """Change the bound of one registered cache (emptying it).
+
+    Raises:
+        KeyError: no cache of that name (:func:`cache_limits` lists them).
+    """
+    if name not in _CACHES:
+        raise KeyError(f"no cache named {name!r}; known: {', '.join(sorted(_CACHES))}")
+    _CACHES[name].resize(maxsize)
+
+
+def clear_caches() -> None:
+    """Release every cache of the library and JAX's compiled programs.
+
+    Empties each registered :class:`BoundedCache` (grids, plans, solver
+    kernels, the per-device compiled batch programs) and calls
+    :func:`jax.clear_caches`, so the memory of every compiled program is
+    handed back once nothing else holds it.  Results are unaffected: the next
+    call traces (and compiles, or loads from the persistent compilation
+    cache) again.
+    """
+    for cache in _CACHES.values():
+        cache.cache_clear()
+    jax.clear_caches()
+
+
+def cache_sizes() -> dict[str, int]:
+    """The entries each registered cache holds now, by name."""
+    return {name: cache.cache_info().currsize for name, cache in sorted(_CACHES.items())}

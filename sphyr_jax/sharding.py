@@ -23,6 +23,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
+from sphyr_jax.runtime import bounded_cache
+
 BATCH_AXIS = "batch"
 
 
@@ -47,13 +49,13 @@ def device_count(num_devices: int | None = None) -> int:
     return max(1, min(int(num_devices), available))
 
 
-@functools.lru_cache(maxsize=8)
+@bounded_cache(maxsize=8)
 def local_mesh(num_devices: int) -> Mesh:
     """1-D mesh over the first ``num_devices`` local devices."""
     return Mesh(np.array(jax.local_devices()[:num_devices]), (BATCH_AXIS,))
 
 
-@functools.lru_cache(maxsize=64)
+@bounded_cache(maxsize=64)
 def _compiled(fn, static_items: tuple, num_devices: int):
     f = functools.partial(fn, **dict(static_items))
     if num_devices == 1:

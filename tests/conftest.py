@@ -22,6 +22,7 @@ if COMPILE_CACHE:
     enable_compilation_cache(COMPILE_CACHE)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+SETS = REPO / "sphyr_jax" / "data" / "sets"  # the embedded sets, package data
 # The shared reference data lie beside the checkout; $SPHYR_JAX_SHARED names another folder.
 SHARED = (pathlib.Path(os.environ.get("SPHYR_JAX_SHARED") or REPO.parent / "shared")
           / "sphyr_reference")
@@ -40,6 +41,24 @@ RTOL_EXACT = 1e-10
 
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def child_env(**extra) -> dict:
+    """The environment of a fresh Python process of a test: this checkout's sphyr_jax
+    first on the path, JAX's persistent compilation cache on (the suite's folder, the
+    app's and the library's alike; results are unaffected), plus ``extra``."""
+    import sphyr_jax
+
+    env = dict(os.environ)
+    root = str(pathlib.Path(sphyr_jax.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    if COMPILE_CACHE:
+        env.update({"SPHYR_JAX_COMPILATION_CACHE": COMPILE_CACHE,
+                    "JAX_COMPILATION_CACHE_DIR": COMPILE_CACHE,
+                    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
+    env.update(extra)
+    return env
 
 
 def require_shared(path: pathlib.Path) -> pathlib.Path:
@@ -76,8 +95,9 @@ def assert_close_scaled(actual, desired, rtol: float) -> None:
 # a whole suite in one process loads thousands of programs, and past the
 # kernel's limit on mappings (vm.max_map_count, 65,530 by default) loading the
 # next one aborts the interpreter.  Past MAP_BUDGET mappings the compiled
-# programs are released between test modules (JAX's caches reload them from
-# the persistent compilation cache when a later module needs them again).
+# programs are released between test modules by the library's one call for
+# it, ``sphyr_jax.runtime.clear_caches`` (JAX's caches reload them from the
+# persistent compilation cache when a later module needs them again).
 MAP_BUDGET = 20_000
 
 
@@ -93,7 +113,9 @@ def _mapping_count() -> int:
 def _release_compiled_programs():
     yield
     if _mapping_count() > MAP_BUDGET:
-        jax.clear_caches()
+        from sphyr_jax.runtime import clear_caches
+
+        clear_caches()
         gc.collect()
 
 
@@ -162,11 +184,68 @@ def pytest_testnodedown(node, error):
     _REPORTS.extend(getattr(node, "workeroutput", {}).get("sphyr_jax_figures", []))
 
 
+def skip_reason_counts(reports) -> dict[str, int]:
+    """Skipped tests counted by reason; a reason naming a path (``reference data not
+    available: <path>``) counts under its text before the path."""
+    counts: dict[str, int] = {}
+    for rep in reports:
+        longrepr = getattr(rep, "longrepr", None)
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(
+            longrepr or "")
+        reason = reason.removeprefix("Skipped: ")
+        head, sep, tail = reason.partition(": ")
+        if sep and ("/" in tail or "\\" in tail):
+            reason = head
+        counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
+def skip_summary(reports) -> str | None:
+    """One line for all skipped tests: how many, by reason (most first)."""
+    counts = skip_reason_counts(reports)
+    if not counts:
+        return None
+    reasons = "; ".join(f"{n} {reason}" for reason, n in
+                        sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    line = f"{sum(counts.values())} skipped: {reasons}"
+    if any(reason.startswith("reference data not available") for reason in counts):
+        line += " (the parity data of ../shared: see the README's Quick start)"
+    return line
+
+
 def pytest_terminal_summary(terminalreporter):
     if _REPORTS:
         terminalreporter.section("sphyr_jax figures")
         for line in _REPORTS:
             terminalreporter.write_line(line)
+    line = skip_summary(terminalreporter.stats.get("skipped", []))
+    if line:
+        terminalreporter.write_line(line)
+
+
+def run_app(argv, monkeypatch, cache=None) -> int:
+    """Run ``python -m sphyr_jax <argv>`` in this process; returns its exit status.
+
+    The flags are parsed as the app parses them and reset afterwards; the app's
+    start-up is skipped (float64 is on and the suite's JAX configuration stays),
+    and ``cache``, when given, replaces the optimum cache the flags would make.
+    """
+    from absl import flags
+
+    from sphyr_jax.app import cli, common
+
+    if cache is not None:
+        monkeypatch.setattr(common, "cache", lambda: cache)
+    monkeypatch.setattr(common, "setup", lambda: None)
+    try:
+        remaining = flags.FLAGS(["sphyr_jax", *argv])
+    except flags.Error:
+        flags.FLAGS.unparse_flags()
+        raise
+    try:
+        return cli.main(remaining)
+    finally:
+        flags.FLAGS.unparse_flags()
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,9 @@ batch size) and never wait on an optimum afterwards.
 
 import random
 
-from conftest import REPO
+from conftest import SETS
 
-DATA = REPO / "data" / "dataset"
+DATA = SETS / "dataset"
 
 
 def published_order(subject, seed=42):

@@ -7,7 +7,6 @@ printed, never only a return value.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -19,10 +18,10 @@ import sys
 import numpy as np
 import pytest
 from absl import flags
-from conftest import IN_CI, REPO
+from conftest import REPO, SETS, run_app
 
 import sphyr_jax as sj
-from sphyr_jax.app import cli, common
+from sphyr_jax.app import cli
 from sphyr_jax.data.convert import convert_raw_dir
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.scoring.results import rescore_tree
@@ -40,19 +39,6 @@ def _tree(root: pathlib.Path, models=("m",), n=3) -> pathlib.Path:
         (root / model / "full_easy_results.json").write_text(json.dumps(_records(n)))
     return root
 
-
-def _run_app(argv, monkeypatch, cache):
-    monkeypatch.setattr(common, "cache", lambda: cache)
-    monkeypatch.setattr(common, "setup", lambda: None)  # x64 is on; keep JAX config
-    try:
-        remaining = flags.FLAGS(["sphyr_jax"] + argv)
-    except flags.Error:
-        flags.FLAGS.unparse_flags()
-        raise
-    try:
-        return cli.main(remaining)
-    finally:
-        flags.FLAGS.unparse_flags()
 
 
 def _app(*args, env=None, timeout=120):
@@ -91,13 +77,126 @@ def test_help_lists_commands_and_each_commands_flags():
     (["rescore", "--results_root=/nonexistent/tree"], "does not exist"),
     (["validate", "--subject=nope"], "nope"),
     (["plot", "--input=README.md"], "README.md"),
+    (["plot", f"--input={EMBEDDED}", "--index=99"], "record index 99 is out of range"),
+    (["validate", "--results_root=/nonexistent", "--output_dir=/x"],
+     "validate does not read --output_dir, --results_root"),
+    (["generate"], "generate needs --output_dir"),
 ])
 def test_user_mistakes_are_one_line_and_exit_2(argv, needle):
-    done = _app(*argv, "--progress=false")
+    quiet = argv and argv[0] in cli.COMMANDS and "progress" in cli.command_flags(argv[0])
+    done = _app(*argv, *(["--progress=false"] if quiet else []))
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("sphyr_jax: error:")]
     assert len(errors) == 1 and needle in errors[0], done.stderr
+    assert not argv or f"{argv[0]}: {argv[0]}" not in errors[0]  # the command named once
+    if argv:  # (no command: the command list comes first)
+        assert done.stderr.strip() == errors[0]  # the one line, nothing else
     assert "Traceback" not in done.stderr
+
+
+def _one_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sphyr_jax: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv, unread", [
+    (["validate", "--results_root=/nonexistent", "--output_dir=/x"],
+     ["--output_dir", "--results_root"]),
+    (["validate", "--model=x", "--raw_dir=y"], ["--model", "--raw_dir"]),
+    (["report", "--results_root=r", "--output_dir=o", "--cache_dir=c"], ["--cache_dir"]),
+    (["convert", "--raw_dir=r", "--output_dir=o", "--progress=false"], ["--progress"]),
+    (["plot", "--input=x", "--dataset_version=v2"], ["--dataset_version"]),
+])
+def test_flags_a_command_does_not_read_are_refused(argv, unread, monkeypatch, capsys):
+    """Before any work: the command says which flags it does not read."""
+    assert run_app(argv, monkeypatch) == 2
+    line = _one_error(capsys)
+    assert f"{argv[0]} does not read {', '.join(unread)}" in line
+    assert f"{argv[0]} --help" in line
+
+
+def test_help_lists_only_what_a_command_reads():
+    validate = cli.command_help("validate")
+    for flag in ("--samples", "--subject", "--dataset_dir", "--dataset_version", "--cache_dir",
+                 "--[no]progress", "--output_json"):
+        assert flag in validate, flag
+    for flag in ("--results_root", "--output_dir", "--model", "--raw_dir", "--chunk", "--seed"):
+        assert flag not in validate, flag
+    generate = cli.command_help("generate")  # what each version writes
+    assert "raw/<NN>_SPhyR_2D.csv" in generate
+    assert "16 subject files <subject>.jsonl only" in generate
+    assert "--cache_dir" not in generate
+    for name in cli.COMMANDS:  # what --help lists is what the command accepts
+        listed = set(re.findall(r"^  --(?:\[no\])?(\w+)", cli.command_help(name), re.M))
+        assert listed == set(cli.command_flags(name)), name
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.cfg")
+                                        if p.stem in cli.COMMANDS))
+def test_each_flag_file_names_only_flags_its_command_reads(name):
+    try:
+        flags.FLAGS(["sphyr_jax", f"--flagfile={REPO / 'configs' / f'{name}.cfg'}"])
+        assert [f for f in cli.app_flags() if flags.FLAGS[f].present]  # it sets some
+        assert cli.unused_flags(name) == []
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
+def test_plot_refuses_a_report_json_in_one_line(tmp_path, monkeypatch, capsys):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"experiments": [{"experiment": "main", "models": ["m"]}]}))
+    assert run_app(["plot", f"--input={report}", f"--output={tmp_path / 'p.png'}"],
+                   monkeypatch) == 2
+    assert "report.json" in _one_error(capsys)
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_plot_draws_the_trainers_leaderboard(tmp_path, monkeypatch, capsys):
+    """The trainer's own leaderboard.json (written by write_leaderboard) is a leaderboard
+    JSON plot draws: one heat map per entry, subject by direction."""
+    from matplotlib import image
+
+    from sphyr_jax import training
+
+    cell = {"topology_score": 0.5, "load_carrying": 1.0}
+    rows = [{"source": "dataset", "subject": s, "direction": d, "samples": 2, "model": cell,
+             "empty": dict(cell, topology_score=0.1), "solid": dict(cell, topology_score=0.3)}
+            for s in ("1_random_cell_easy", "full_easy") for d in ("down", "left")]
+    files = training.write_leaderboard({"rows": rows, "entries": ["model", "empty", "solid"]},
+                                       tmp_path / "run", plot=False)
+    out = tmp_path / "board.png"
+    assert run_app(["plot", f"--input={files['json']}", f"--output={out}"], monkeypatch) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    pixels = image.imread(out)
+    assert pixels.ndim == 3 and pixels.shape[1] > pixels.shape[0] > 100  # three panels wide
+
+
+def test_report_on_an_unscored_tree_names_rescore(tmp_path, monkeypatch, capsys):
+    """A tree before scoring is an error naming the command that scores it; a tree with some
+    metrics gets tables of those only, and the others are named with that command."""
+    bare = tmp_path / "bare"
+    (bare / "m").mkdir(parents=True)
+    keep = ("prompt", "completion", "ground_truth", "input_grid", "index")
+    (bare / "m" / "full_easy_results.json").write_text(
+        json.dumps([{k: r[k] for k in keep if k in r} for r in _records()]))
+    assert run_app(["report", f"--results_root={bare}", f"--output_dir={tmp_path / 'out'}"],
+                   monkeypatch) == 2
+    assert f"python -m sphyr_jax rescore --results_root={bare}" in _one_error(capsys)
+
+    part = tmp_path / "part"
+    (part / "m").mkdir(parents=True)
+    (part / "m" / "full_easy_results.json").write_text(json.dumps(
+        [{**{k: r[k] for k in keep if k in r}, "topology_score": 0.25 * i}
+         for i, r in enumerate(_records())]))
+    out = tmp_path / "paper"
+    assert run_app(["report", f"--results_root={part}", f"--output_dir={out}", "--nofigures"],
+                   monkeypatch) == 0
+    err = capsys.readouterr().err
+    assert "difference_ratio" in err and f"rescore --results_root={part}" in err
+    table = (out / "main.md").read_text()
+    assert "topology_score" in table or "topology score" in table.lower()
+    assert "difference ratio" not in table.lower() and "difference_ratio" not in table
 
 
 def test_traceback_on_request():
@@ -107,7 +206,7 @@ def test_traceback_on_request():
 
 def test_rescore_never_writes_the_shipped_data(monkeypatch, optimum_cache, capsys):
     before = _digest(REPO / "data" / "results")
-    assert _run_app(["rescore", "--progress=false"], monkeypatch, optimum_cache) == 2
+    assert run_app(["rescore", "--progress=false"], monkeypatch, optimum_cache) == 2
     assert "rescore needs --results_root" in capsys.readouterr().err
     assert _digest(REPO / "data" / "results") == before
 
@@ -123,7 +222,7 @@ def test_bad_files_are_named_skipped_and_untouched(tmp_path, monkeypatch, optimu
     ro = odd / "full_easy_results.json"
     ro.chmod(0o444)                                        # read-only
     before = {p: p.read_bytes() for p in (ro, odd / "z_results.json")}
-    status = _run_app(["rescore", f"--results_root={root}", "--progress=false"],
+    status = run_app(["rescore", f"--results_root={root}", "--progress=false"],
                       monkeypatch, optimum_cache)
     err = capsys.readouterr().err
     assert status == 1
@@ -253,7 +352,7 @@ def test_size_guard_reports_too_large_quickly():
 
 
 def test_convert_rejects_unsolvable_raw_samples(tmp_path):
-    raw = REPO / "data" / "dataset" / "raw"
+    raw = SETS / "dataset" / "raw"
     files = sorted(raw.glob("*_SPhyR_2D.csv"))[:2]
     assert files, "the embedded raw samples are missing"
     folder = tmp_path / "raw"
@@ -279,30 +378,6 @@ def test_convert_rejects_unsolvable_raw_samples(tmp_path):
     assert set(written.values()) == {1}
 
 
-# Packages of the optional extras ([env]): README blocks that import them run
-# where the extra is installed (always under CI, whose install has every extra).
-EXTRA_PACKAGES = ("openenv",)
-
-
-def test_readme_python_blocks_run(capsys):
-    text = (REPO / "README.md").read_text()
-    blocks = re.findall(r"^```python\n(.*?)^```$", text, re.S | re.M)
-    assert blocks
-    namespace = {"__name__": "__readme__"}  # one session, top to bottom, as a reader runs it
-    left_out = []
-    for block in blocks:
-        needs = [p for p in EXTRA_PACKAGES if re.search(rf"^(from|import) {p}\b", block, re.M)]
-        missing = [p for p in needs if importlib.util.find_spec(p) is None]
-        if missing and not IN_CI:
-            left_out.append(missing)
-            continue
-        exec(compile(block, "README.md", "exec"), namespace)
-    printed = capsys.readouterr().out
-    assert "True" in printed
-    if left_out:
-        pytest.skip(f"README blocks needing uninstalled extras were not run: {left_out}")
-
-
 def test_evaluate_feedback_rounds_and_resample(tmp_path, monkeypatch, optimum_cache, capsys):
     """``evaluate --feedback_rounds=1 [--resample]`` with a fixed model: both rounds score
     the solid fill of each sample, whose figures get_structural_metrics gives directly."""
@@ -310,13 +385,13 @@ def test_evaluate_feedback_rounds_and_resample(tmp_path, monkeypatch, optimum_ca
     from sphyr_jax.evaluation.baselines import fill_masked
     from sphyr_jax.evaluation.prompts import sample_order
 
-    records = sample_order(load_subject(str(REPO / "data" / "dataset"), "full_easy"), 2)
+    records = sample_order(load_subject(str(SETS / "dataset"), "full_easy"), 2)
     expected = np.mean([sj.get_structural_metrics(fill_masked(r["input_grid"], "1"),
                                                   r["ground_truth"], r["input_grid"],
                                                   cache=optimum_cache).topology_score
                         for r in records])
     for extra, mode in (([], "feedback"), (["--resample"], "resample")):
-        status = _run_app(["evaluate", "--model=baseline:solid", "--feedback_rounds=1",
+        status = run_app(["evaluate", "--model=baseline:solid", "--feedback_rounds=1",
                            "--subjects=full_easy", "--sample_count=2",
                            f"--results_root={tmp_path}", "--progress=false", *extra],
                           monkeypatch, optimum_cache)

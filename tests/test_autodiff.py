@@ -16,20 +16,19 @@ clip at 0 and 1 puts no kink inside a finite-difference stencil.
 from __future__ import annotations
 
 import json
-import pathlib
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close_scaled
+from conftest import SETS, assert_close_scaled
 from jax.test_util import check_grads
 
 import sphyr_jax as sj
 from sphyr_jax.problem.loadcase import index_load_case, stack_load_cases
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "dataset"
+DATA = SETS / "dataset"
 SOLVERS = ("banded", "dense", "cg")
 # Fourth-order central differences: truncation ~ STEP^4, round-off ~ cond * eps / STEP;
 # at 1e-4 both sit near 1e-8 relative on these systems (measured: 3.5e-9).
@@ -164,7 +163,7 @@ def test_load_sensitivity_is_twice_the_displacement(samples, solver, key):
 def test_penalty_derivative_both_modes(samples, solver):
     cases, rho = samples
     case, x = index_load_case(cases, 1), rho[1]
-    f = lambda p: sj.compliance(case, x, p, solver=solver)  # noqa: E731
+    f = lambda p: sj.compliance(case, x, penal=p, solver=solver)  # noqa: E731
     fd = float(_fd(f, 3.0, 1.0))
     np.testing.assert_allclose(float(jax.grad(f)(3.0)), fd, rtol=RTOL_FD)
     np.testing.assert_allclose(float(jax.jvp(f, (3.0,), (1.0,))[1]), fd, rtol=RTOL_FD)

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, SHARED, require_shared
+from conftest import REPO, SETS, SHARED, require_shared
 
 from sphyr_jax.data.convert import (
     ConversionError,
@@ -276,7 +276,7 @@ def test_3d_load_case_force_supports_and_gravity():
 
 
 def test_embedded_3d_dataset_is_our_converter_output(tmp_path):
-    root = REPO / "data" / "dataset_3d"
+    root = SETS / "dataset_3d"
     raw = root / "raw"
     if not raw.is_dir():
         pytest.skip("no embedded 3D dataset")
@@ -288,4 +288,4 @@ def test_embedded_3d_dataset_is_our_converter_output(tmp_path):
 
 def test_2d_conversion_and_subjects_unchanged():
     assert list_subjects() == [f"{v}_{lvl}" for v in VARIANTS for lvl in ("easy", "hard")]
-    assert pathlib.Path(REPO / "data" / "dataset" / "full_easy.jsonl").is_file()
+    assert pathlib.Path(SETS / "dataset" / "full_easy.jsonl").is_file()

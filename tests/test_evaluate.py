@@ -9,12 +9,10 @@ import sys
 import time
 
 import pytest
-from absl import flags
 from chat_server import ChatServer, Reply, solid_fill
-from conftest import COMPILE_CACHE, GPT4O_RESULTS, REPO, require_shared, store_optima
+from conftest import COMPILE_CACHE, GPT4O_RESULTS, REPO, SETS, require_shared, run_app, store_optima
 
 from sphyr_jax import get_structural_metrics
-from sphyr_jax.app import cli, common
 from sphyr_jax.data.datasets import load_subject
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation import harness, runner, storage
@@ -36,7 +34,7 @@ def data(tmp_path_factory):
     """8 records of SUBJECT and 2 of OTHER from the embedded dataset."""
     root = tmp_path_factory.mktemp("evaluate_data")
     for subject, n in ((SUBJECT, 8), (OTHER, 2)):
-        lines = (REPO / "data" / "dataset" / f"{subject}.jsonl").read_text().splitlines()
+        lines = (SETS / "dataset" / f"{subject}.jsonl").read_text().splitlines()
         (root / f"{subject}.jsonl").write_text("\n".join(lines[:n]) + "\n")
     return root
 
@@ -287,21 +285,12 @@ def test_replay_of_a_rotated_run_keeps_its_direction_and_suffix(data, optima, tm
 # ----------------------------------------------------------------------------- the app
 
 
-def _run_app(argv, monkeypatch, cache):
-    monkeypatch.setattr(common, "cache", lambda: cache)
-    monkeypatch.setattr(common, "setup", lambda: None)  # x64 is on; keep JAX config
-    remaining = flags.FLAGS(["sphyr_jax"] + argv)
-    try:
-        return cli.main(remaining)
-    finally:
-        flags.FLAGS.unparse_flags()
-
 
 def test_app_flagfile_template_and_errors(data, optima, tmp_path, monkeypatch, capsys):
     template = tmp_path / "prompt.txt"
     template.write_text("Complete with {FILL}:\n\n{GRID}\n")
     out_json = tmp_path / "summary.json"
-    status = _run_app(["evaluate", f"--flagfile={REPO / 'configs' / 'evaluate.cfg'}",
+    status = run_app(["evaluate", f"--flagfile={REPO / 'configs' / 'evaluate.cfg'}",
                        "--model=baseline:solid", f"--dataset_dir={data}", f"--subjects={SUBJECT}",
                        "--sample_count=2", f"--prompt_template={template}",
                        f"--results_root={tmp_path / 'out'}", f"--output_json={out_json}",
@@ -322,7 +311,7 @@ def test_app_flagfile_template_and_errors(data, optima, tmp_path, monkeypatch, c
             (["--model=baseline:solid", "--results_root=x", f"--replay_from={tmp_path}",
               "--rotations=2"], "replayed runs use their stored prompts"),
             (["--model=baseline:nope", "--results_root=x"], "unknown baseline")):
-        assert _run_app(["evaluate", *argv], monkeypatch, optima) == 2
+        assert run_app(["evaluate", *argv], monkeypatch, optima) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err
 
@@ -331,7 +320,7 @@ def test_app_reports_failed_samples_with_a_non_zero_status(data, key, optima, tm
                                                            monkeypatch, capsys):
     with ChatServer(lambda p, a: Reply(status=500, error=f"boom {SECRET}"), max_requests=20,
                     lifetime=60) as server:
-        status = _run_app(["evaluate", "--model=broken", f"--base_url={server.url}",
+        status = run_app(["evaluate", "--model=broken", f"--base_url={server.url}",
                            "--api_key_env=SPHYR_TEST_KEY", f"--dataset_dir={data}",
                            f"--subjects={OTHER}", "--max_retries=1", "--retry_delay=0.01",
                            f"--results_root={tmp_path}", "--progress=false"],

@@ -3,16 +3,18 @@ checkpoints, OpenAI-compatible endpoints (a real local server through the offici
 
 import asyncio
 import json
+import socket
 import textwrap
+import time
 
 import numpy as np
 import pytest
 from chat_server import ChatServer, Reply, solid_fill
-from conftest import REPO
+from conftest import SETS, run_app
 
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation import backends, baselines
-from sphyr_jax.evaluation.backends import BackendError, Pool, Query, make_backend
+from sphyr_jax.evaluation.backends import BackendError, Pool, Query, as_query, make_backend
 from sphyr_jax.evaluation.harness import subject_tasks
 from sphyr_jax.evaluation.prompts import PromptSpec
 from sphyr_jax.problem.grids import MASK, grid_to_text
@@ -21,7 +23,7 @@ SECRET = "sk-test-0123456789abcdef"
 
 
 def _records(subject):
-    path = REPO / "data" / "dataset" / f"{subject}.jsonl"
+    path = SETS / "dataset" / f"{subject}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
@@ -218,3 +220,58 @@ def test_parse_retry_after():
     assert backends.parse_retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
     assert backends.parse_retry_after({}) is None
     assert backends.parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0
+
+
+# --- endpoints that cannot be reached ---------------------------------------------------------
+
+def _free_port() -> int:
+    """A local port nothing listens on (bound once, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_unreachable_endpoint_stops_evaluate_at_once_naming_it(tmp_path, monkeypatch,
+                                                                   capsys):
+    """Nothing listens at --base_url: one line naming the URL within seconds (a refused
+    connection is not worth the retries of a busy server), and nothing stored."""
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    start = time.perf_counter()
+    status = run_app(["evaluate", "--model=qwen2.5:7b", f"--base_url={url}", "--sample_count=1",
+                      "--subjects=full_easy", f"--results_root={tmp_path}", "--noprogress"],
+                     monkeypatch)
+    assert time.perf_counter() - start < 10
+    assert status == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot reach {url}: connection refused" in err[0], err
+    assert not list(tmp_path.rglob("*_results.json"))
+
+
+def test_an_unresolvable_host_is_named():
+    backend = make_backend("m", base_url="http://no-such-host.invalid/v1")
+    with pytest.raises(backends.EndpointUnreachable,
+                       match=r"cannot reach http://no-such-host.invalid/v1: the host name"):
+        backend("hello")
+
+
+def test_a_refused_connection_after_an_answer_is_retried():
+    """Once the endpoint has answered, a refused connection is a server restarting: a
+    retryable error that names the URL."""
+    with ChatServer(lambda prompt, attempt: Reply("0 1")) as server:
+        backend = make_backend("m", base_url=server.url)
+
+        async def run():
+            first = await backend.complete(as_query("hello"))
+            await backend.aclose()  # no kept-alive connection: the next call connects anew
+            server.stop()
+            try:
+                await backend.complete(as_query("again"))
+            except BackendError as exc:
+                return first, exc
+            finally:
+                await backend.aclose()
+            return first, None
+
+        first, error = asyncio.run(run())
+    assert first == "0 1"
+    assert error is not None and error.retryable and server.url in str(error)

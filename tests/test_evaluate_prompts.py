@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import CLAUDE_RESULTS, FULL_EASY, FULL_HARD, GPT4O_RESULTS, REPO, require_shared
+from conftest import CLAUDE_RESULTS, FULL_EASY, FULL_HARD, GPT4O_RESULTS, SETS, require_shared
 
 from sphyr_jax.evaluation import prompts
 from sphyr_jax.evaluation.harness import subject_tasks
@@ -102,7 +102,7 @@ def test_published_sample_order():
 
 def test_few_shot_prompts_show_other_solved_records_of_the_subject():
     records = [json.loads(line) for line in
-               (REPO / "data" / "dataset" / "3_random_row_easy.jsonl").read_text().splitlines()]
+               (SETS / "dataset" / "3_random_row_easy.jsonl").read_text().splitlines()]
     answers = {_text(r["input_grid"]): _text(r["ground_truth"]) for r in records}
     spec = PromptSpec(few_shot=3)
     assert spec.suffix == "_few_shot_3"
@@ -142,7 +142,7 @@ def test_a_task_grid_is_the_grid_every_reader_finds_in_its_prompt():
     from sphyr_jax.problem.grids import extract_grid, last_plain_lines
 
     records = [json.loads(line) for line in
-               (REPO / "data" / "dataset" / "1_random_cell_hard.jsonl").read_text().splitlines()]
+               (SETS / "dataset" / "1_random_cell_hard.jsonl").read_text().splitlines()]
     made = [t for spec in (PromptSpec(), PromptSpec(rotations=3, few_shot=2),
                            PromptSpec(style="physics_neutral"),
                            PromptSpec(style="physics_enhanced", few_shot=1),

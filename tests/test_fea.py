@@ -510,7 +510,7 @@ def test_element_stiffness_closed_form():
     for mode in (tx, ty, rot):
         np.testing.assert_allclose(ke @ mode, 0.0, atol=1e-14)
     # Other Poisson ratios too.
-    np.testing.assert_allclose(elements.element_stiffness(2, 0.25), ke_88_line(0.25), atol=1e-14)
+    np.testing.assert_allclose(elements.element_stiffness(2, nu=0.25), ke_88_line(0.25), atol=1e-14)
 
 
 def test_mesh_connectivity():

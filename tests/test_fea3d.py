@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spl
-from conftest import REPO, SHARED, report, require_shared
+from conftest import SETS, SHARED, report, require_shared
 
 import sphyr_jax as sj
 from sphyr_jax.data.convert import read_raw_csv_3d
@@ -348,10 +348,10 @@ def test_mgcg_equals_direct_solve_on_random_designs_any_size(cells, rng):
     free = np.asarray(structured.from_lattice(grid, jnp.asarray(free_lat)))
     force = np.asarray(structured.from_lattice(grid, jnp.asarray(force_lat)))
     options = Multigrid(tol=1e-12, max_iter=600, max_coarse_dofs=60)
-    levels = multigrid_levels.plan(cells, options.max_coarse_dofs)
+    levels = multigrid_levels.plan(cells, max_coarse_dofs=options.max_coarse_dofs)
     assert len(levels) >= 3  # odd sizes are padded while coarsening
     u, result, its = solve_system(jnp.asarray(moduli), jnp.asarray(free), jnp.asarray(force),
-                                  options)
+                                  solver=options)
     conv = np.asarray(result) == RESULTS.successful
     ref, energy = _direct(grid, moduli, free, force)
     assert bool(np.all(conv))
@@ -368,22 +368,22 @@ def test_mgcg_batch_vmap_and_gradients(rng):
     force = jnp.asarray(structured.from_lattice(grid, jnp.asarray(force_lat)))
     opts = Multigrid(tol=1e-13, max_iter=300, max_coarse_dofs=60)
     e = jnp.asarray(moduli)
-    c_batch = system_compliance(e, force, free, opts)
-    assert bool(jnp.all(solve_system(e, free, force, opts)[1] == RESULTS.successful))
+    c_batch = system_compliance(e, force, free, solver=opts)
+    assert bool(jnp.all(solve_system(e, free, force, solver=opts)[1] == RESULTS.successful))
 
     def single(e1, f1, fr1):
-        return system_compliance(e1[..., None], f1[:, None], fr1[:, None], opts)[0]
+        return system_compliance(e1[..., None], f1[:, None], fr1[:, None], solver=opts)[0]
 
     c_vmap = jax.vmap(single, in_axes=(-1, -1, -1))(e, force, free)
     np.testing.assert_allclose(c_vmap, c_batch, rtol=1e-10)
 
     # Gradient of compliance: -u_e^T K_e u_e, checked by central differences.
-    grad = jax.grad(lambda m: jnp.sum(system_compliance(m, force, free, opts)))(e)
+    grad = jax.grad(lambda m: jnp.sum(system_compliance(m, force, free, solver=opts)))(e)
     cell = (1, 2, 3, 1)
     h = 1e-4  # 4th-order central difference: the CG tolerance, not h, sets the error
 
     def c_at(t):
-        return jnp.sum(system_compliance(e.at[cell].add(t * h), force, free, opts))
+        return jnp.sum(system_compliance(e.at[cell].add(t * h), force, free, solver=opts))
 
     fd = (8 * (c_at(1) - c_at(-1)) - (c_at(2) - c_at(-2))) / (12 * h)
     np.testing.assert_allclose(grad[cell], fd, rtol=1e-6)
@@ -392,7 +392,7 @@ def test_mgcg_batch_vmap_and_gradients(rng):
     w = jnp.asarray(rng.standard_normal(force.shape))
 
     def functional(m, f):
-        return jnp.sum(w * solve_system(m, free, f, opts)[0])
+        return jnp.sum(w * solve_system(m, free, f, solver=opts)[0])
 
     gm, gf = jax.grad(functional, argnums=(0, 1))(e, force)
     def f_at(t):
@@ -425,7 +425,7 @@ def real_3d():
     force = np.stack([c.force for c in cases] * 2, -1)
     free = np.stack([c.free_dofs for c in cases] * 2, -1).astype(float)
     u, result, its = solve_system(jnp.asarray(moduli), jnp.asarray(free), jnp.asarray(force),
-                                  TIGHT)
+                                  solver=TIGHT)
     conv = np.asarray(result) == RESULTS.successful
     c = np.sum(force * np.asarray(u), axis=0)
     return {"files": files, "n": n, "u": np.asarray(u), "c": c, "conv": np.asarray(conv),
@@ -467,7 +467,7 @@ def test_every_converted_3d_answer_is_load_carrying(real_3d):
 # ----------------------------------------------------------------------------
 # The public API in 3D: the same functions as in 2D.
 
-EMBEDDED_3D = REPO / "data" / "dataset_3d"
+EMBEDDED_3D = SETS / "dataset_3d"
 
 
 @pytest.fixture(scope="module")
@@ -541,10 +541,10 @@ def test_scattered_islands_fall_back_to_a_direct_solve(embedded_3d, key):
     force = np.asarray(sub.force).reshape(2, -1).T
     free = np.asarray(sub.free_dofs).reshape(2, -1).T.astype(float)
     plain = Multigrid(direct_fallback_dofs=0)
-    _, result, its = solve_system(moduli, free, force, plain)
+    _, result, its = solve_system(moduli, free, force, solver=plain)
     # CG alone stalls, and says so.
     assert np.all(np.asarray(result) == RESULTS.max_iterations_reached), np.asarray(its)
-    u, result, _ = solve_system(moduli, free, force, Multigrid())
+    u, result, _ = solve_system(moduli, free, force, solver=Multigrid())
     c = np.sum(force * free * np.asarray(u), axis=0)
     public = np.asarray(sj.compliance(sub, scattered))
     assert np.all(np.asarray(result) == RESULTS.successful)
@@ -581,7 +581,7 @@ def test_simp_optimize_in_3d(embedded_3d):
 
     _, cases, _ = embedded_3d
     case = jax.tree.map(lambda a: a[:1], cases)
-    res = sj.optimize(case, 3.0, options=simp.SimpOptions(max_iterations=40))
+    res = sj.optimize(case, penal=3.0, options=simp.SimpOptions(max_iterations=40))
     start = simp.initial_design(case)
     np.testing.assert_allclose(np.asarray(res.volume_fraction),
                                np.asarray(case.volume_fraction), rtol=1e-6)
@@ -629,7 +629,7 @@ def test_rescore_tree_with_voxel_and_2d_results(tmp_path, optimum_cache):
     from sphyr_jax.scoring.results import rescore_tree
 
     rec3 = json.loads((EMBEDDED_3D / "full_easy_3d.jsonl").read_text().splitlines()[1])
-    rec2 = json.loads((REPO / "data" / "dataset" / "full_easy.jsonl").read_text()
+    rec2 = json.loads((SETS / "dataset" / "full_easy.jsonl").read_text()
                       .splitlines()[0])
     empty3 = [[["0" if t == "V" else t for t in row] for row in layer]
               for layer in rec3["input_grid"]]

@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SETS
 
 import sphyr_jax as sj
 from sphyr_jax.runtime import CompileCounter
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "dataset"
+DATA = SETS / "dataset"
 SUBJECTS = ("full_easy", "full_hard", "5_random_cell_easy", "10_random_cell_hard",
             "1_random_column_hard", "3_random_column_easy", "1_random_row_easy",
             "3_random_row_hard")

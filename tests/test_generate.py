@@ -12,7 +12,7 @@ import pathlib
 import jax
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import SETS
 
 import sphyr_jax
 from sphyr_jax.data import generate
@@ -312,7 +312,7 @@ def test_failed_commit_restores_the_folder(dataset, tmp_path, monkeypatch):
 
 
 def test_the_shipped_set_regenerates_byte_for_byte(tmp_path):
-    """The first samples of ``data/dataset`` come back from its seed and the default
+    """The first samples of ``sphyr_jax/data/sets/dataset`` come back from its seed and the default
     optimiser: the same raw CSVs and, subject by subject, the same first records.
 
     A smaller set draws the same stream of candidates and keeps them in the same
@@ -321,7 +321,7 @@ def test_the_shipped_set_regenerates_byte_for_byte(tmp_path):
     shipped set is a byte-exact check of drawing, optimising and writing.
     """
     count = 2
-    shipped = REPO / "data" / "dataset"
+    shipped = SETS / "dataset"
     generate.generate_dataset(tmp_path, count, seed=0, grid_size=10, num_devices=1,
                               batch_size=2)
     for i in range(count):

@@ -5,7 +5,7 @@ and N = 20.  A small generated set (4 samples at N = 10, cheap SIMP settings)
 through the library and the app: files, records, rules, separations, same seed
 same bytes, and every answer load carrying under its own direction with the
 compliance of an independent SciPy Q4 model loaded along that direction.  The
-shipped sets (``data/dataset_v2``, ``data/dataset_v2_20``): the same rules
+shipped sets (the embedded ``dataset_v2`` and ``dataset_v2_20``): the same rules
 read off the files, and SciPy compliance of every answer.
 """
 
@@ -19,11 +19,9 @@ import numpy as np
 import pytest
 import scipy.sparse
 import scipy.sparse.linalg
-from absl import flags
-from conftest import REPO
+from conftest import SETS, run_app
 
 import sphyr_jax
-from sphyr_jax.app import cli, common
 from sphyr_jax.data import generate_v2 as g2
 from sphyr_jax.data.datasets import (
     VARIANTS,
@@ -365,31 +363,32 @@ def test_attempt_bound_raises_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
-def _run_app(argv, monkeypatch):
-    monkeypatch.setattr(common, "setup", lambda: None)  # x64 is on; keep JAX config
-    remaining = flags.FLAGS(["sphyr_jax"] + argv)
-    try:
-        return cli.main(remaining)
-    finally:
-        flags.FLAGS.unparse_flags()
-
 
 def test_app_writes_the_same_bytes_for_the_same_seed(generated, tmp_path, monkeypatch,
                                                       capsys):
-    out, _ = generated
+    """The command writes the library call's bytes and prints its counts as a table
+    (and, with --output_json, as JSON)."""
+    out, first = generated
     quick = functools.partial(g2.generate_v2_dataset, options=SMALL["options"],
                               batch_size=SMALL["batch_size"])
     monkeypatch.setattr(g2, "generate_v2_dataset", quick)
     again = tmp_path / "again"
-    status = _run_app(["generate", "--dataset_version=v2", f"--num_samples={SAMPLES}",
-                       f"--seed={SEED}", f"--output_dir={again}", "--progress=false"],
-                      monkeypatch)
+    summary_json = tmp_path / "summary.json"
+    status = run_app(["generate", "--dataset_version=v2", f"--num_samples={SAMPLES}",
+                      f"--seed={SEED}", f"--output_dir={again}", "--progress=false",
+                      f"--output_json={summary_json}"], monkeypatch)
     assert status == 0
     for name in list_subjects():
         assert (again / f"{name}.jsonl").read_bytes() == (out / f"{name}.jsonl").read_bytes()
     captured = capsys.readouterr()
-    assert f"kept {SAMPLES} of" in captured.err and "rejected:" in captured.err
-    assert json.loads(captured.out)["kept"] == SAMPLES
+    assert captured.err == ""
+    rows = dict(re.findall(r"^(kept|drawn|solved|unused)\s+(\d+)$", captured.out, re.M))
+    assert rows == {k: str(first[k]) for k in ("kept", "drawn", "solved", "unused")}
+    for reason, count in first["rejected"].items():
+        assert re.search(rf"^rejected: {reason}\s+{count}$", captured.out, re.M), reason
+    assert "16 subject files" in captured.out and "raw/" not in captured.out
+    assert f"kept {SAMPLES} of" in captured.out and "{" not in captured.out
+    assert json.loads(summary_json.read_text())["kept"] == SAMPLES
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -399,7 +398,7 @@ def test_app_writes_the_same_bytes_for_the_same_seed(generated, tmp_path, monkey
     (["--dataset_version=v2", "--grid_size=4"], "at least 5"),
 ])
 def test_app_refuses_v1_options_for_v2(argv, message, tmp_path, monkeypatch, capsys):
-    status = _run_app(["generate", *argv, f"--output_dir={tmp_path / 'x'}"], monkeypatch)
+    status = run_app(["generate", *argv, f"--output_dir={tmp_path / 'x'}"], monkeypatch)
     assert status == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
@@ -412,7 +411,7 @@ def test_app_refuses_v1_options_for_v2(argv, message, tmp_path, monkeypatch, cap
 
 @pytest.mark.parametrize("version, n", [("v2", 10), ("v2-20", 20)])
 def test_shipped_sets_follow_the_rules(version, n):
-    folder = REPO / "data" / {"v2": "dataset_v2", "v2-20": "dataset_v2_20"}[version]
+    folder = SETS / {"v2": "dataset_v2", "v2-20": "dataset_v2_20"}[version]
     assert dataset_source(version) == str(folder)
     samples = check_v2_folder(folder, n, 100)
     assert {s["gravity"] for s in samples} == DIRECTIONS
@@ -427,7 +426,7 @@ def test_shipped_sets_regenerate_byte_for_byte(version, n, count, tmp_path):
     settings, record for record in every subject (the candidate stream, the kept
     order and the per-subject masks do not depend on how many samples are asked for, and
     the answers not on how many candidates are solved together)."""
-    folder = REPO / "data" / {"v2": "dataset_v2", "v2-20": "dataset_v2_20"}[version]
+    folder = SETS / {"v2": "dataset_v2", "v2-20": "dataset_v2_20"}[version]
     g2.generate_v2_dataset(tmp_path, count, seed=0, grid_size=n, num_devices=1, batch_size=2)
     for name in list_subjects():
         ours = (tmp_path / f"{name}.jsonl").read_text().splitlines()

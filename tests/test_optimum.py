@@ -78,7 +78,7 @@ def test_optimum_within_budget_and_not_worse_than_answer(yardstick):
     np.testing.assert_array_equal(np.where(mask, 0, res.densities),
                                   np.where(mask, 0, np.asarray(batch.pinned)))
     # The reported compliance is the design's compliance (a second solve).
-    again = np.asarray(fea.compliance(batch, res.densities, 3.0, fea.Dense()))
+    again = np.asarray(fea.compliance(batch, res.densities, penal=3.0, solver=fea.Dense()))
     np.testing.assert_allclose(res.compliance, again, rtol=1e-9)
 
 
@@ -123,8 +123,8 @@ def small_case():
 
 def _filtered_compliance(case, radius=simp.DEFAULT_FILTER_RADIUS):
     def fn(x):
-        rho = simp.physical_densities(x, case.design_mask, case.pinned, radius)
-        return fea.compliance(case, rho, 3.0)
+        rho = simp.physical_densities(x, case.design_mask, case.pinned, radius=radius)
+        return fea.compliance(case, rho, penal=3.0)
     return fn
 
 
@@ -164,7 +164,7 @@ def test_filter_adjoint_is_exact(radius, rng):
     shape = (5, 7)
     x = jnp.asarray(rng.standard_normal(shape))
     y = jnp.asarray(rng.standard_normal(shape))
-    filt = lambda z: simp.apply_filter(z, radius)
+    filt = lambda z: simp.apply_filter(z, radius=radius)
     (transpose,) = jax.linear_transpose(filt, x)(y)
     _, vjp = jax.vjp(filt, x)
     (pullback,) = vjp(y)
@@ -192,12 +192,13 @@ def test_oc_update_meets_volume_and_move_limit(small_case, rng):
     x = np.where(mask, rng.uniform(0.1, 0.9, mask.shape), pinned)
     dc = -rng.uniform(0.01, 5.0, mask.shape)
     dv = np.ones_like(x)
-    free, pinned_volume = free_budget(case.design_mask, case.pinned, case.volume_fraction, 2)
+    free, pinned_volume = free_budget(case.design_mask, case.pinned, case.volume_fraction, ndim=2)
     target = pinned_volume + free
     const = float(np.sum(np.where(mask, 0.0, pinned)))
     new = np.asarray(simp.oc_update(jnp.asarray(x)[None], jnp.asarray(dc)[None],
                                     jnp.asarray(dv)[None], jnp.asarray(mask)[None],
-                                    jnp.asarray(target)[None], jnp.asarray(const)[None], 0.2))[0]
+                                    jnp.asarray(target)[None], jnp.asarray(const)[None],
+                                    move_limit=0.2))[0]
     assert np.all(np.abs(new - x)[mask] <= 0.2 + 1e-12)
     assert np.all((new >= 0) & (new <= 1))
     np.testing.assert_array_equal(new[~mask], pinned[~mask])
@@ -225,9 +226,9 @@ def test_simp_batch_equals_single_runs(small_case):
     cases = [with_budget(small_case, v) for v in (0.25, 0.3, 0.35)]
     batch = stack_load_cases(cases)
     penal = jnp.array([1.0, 2.0, 3.0])
-    together = simp.optimize(batch, penal)
+    together = simp.optimize(batch, penal=penal)
     for i, case in enumerate(cases):
-        alone = simp.optimize(stack_load_cases([case]), penal[i:i + 1])
+        alone = simp.optimize(stack_load_cases([case]), penal=penal[i:i + 1])
         # Same path up to round-off: XLA may vectorise a batch of 3 and of 1
         # differently, and 500 iterations amplify last-bit differences a little.
         assert int(alone.iterations[0]) == int(together.iterations[i])
@@ -237,7 +238,8 @@ def test_simp_batch_equals_single_runs(small_case):
     assert bool(together.converged[0])
     assert np.all(np.asarray(together.iterations) <= simp.DEFAULT_MAX_ITERATIONS)
     # The volume constraint is active at the end of every run.
-    free, pinned_volume = free_budget(batch.design_mask, batch.pinned, batch.volume_fraction, 2)
+    free, pinned_volume = free_budget(batch.design_mask, batch.pinned, batch.volume_fraction,
+                                      ndim=2)
     target = pinned_volume + free
     np.testing.assert_allclose(np.asarray(together.densities).sum(axis=(1, 2)),
                                np.asarray(target), atol=1e-2)

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import pytest
-from conftest import CLAUDE_RESULTS, FULL_EASY, GPT4O_RESULTS, REPO, require_shared
+from conftest import CLAUDE_RESULTS, FULL_EASY, GPT4O_RESULTS, SETS, require_shared
 
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation import prompts
@@ -43,7 +43,7 @@ def test_dataset_record_gives_its_stored_prompt():
 
 
 def test_clockwise_turns_and_their_load_directions():
-    record = json.loads((REPO / "data" / "dataset" / "full_easy.jsonl").read_text()
+    record = json.loads((SETS / "dataset" / "full_easy.jsonl").read_text()
                         .splitlines()[0])
     expected = {0: [1, 0], 1: [0, -1], 2: [-1, 0], 3: [0, 1]}
     grid = np.array(as_grid(record["input_grid"]), dtype=object)

@@ -14,10 +14,11 @@ import shutil
 import numpy as np
 import pytest
 from absl import flags
-from conftest import REPO
+from conftest import REPO, SETS
 from test_generate_v2 import scipy_compliance
 
 from sphyr_jax.app import common
+from sphyr_jax.data import datasets, embedded
 from sphyr_jax.data.datasets import DatasetError, dataset_source, load_subject
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation.baselines import baseline_prompt
@@ -85,17 +86,22 @@ def test_loader_keeps_and_checks_the_direction(tmp_path):
             load_subject(str(tmp_path), "full_hard")
 
 
-def test_embedded_sets_by_version(tmp_path):
-    assert dataset_source("v1") == str(REPO / "data" / "dataset")
-    assert dataset_source("v1", dim=3) == str(REPO / "data" / "dataset_3d")
-    assert dataset_source("v2") == str(REPO / "data" / "dataset_v2")
-    assert dataset_source("v2-20") == str(REPO / "data" / "dataset_v2_20")
+def test_embedded_sets_by_version(tmp_path, monkeypatch):
+    assert dataset_source("v1") == str(SETS / "dataset")
+    assert dataset_source("v1", dim=3) == str(SETS / "dataset_3d")
+    assert dataset_source("v2") == str(SETS / "dataset_v2")
+    assert dataset_source("v2-20") == str(SETS / "dataset_v2_20")
     assert tuple(common.DATASET_VERSIONS) == ("v1", "v2", "v2-20")
     for args in (("v3",), ("v2", 3)):
         with pytest.raises(DatasetError):
             dataset_source(*args)
-    with pytest.raises(DatasetError, match="dataset_v2_20"):
-        dataset_source("v2-20", base=tmp_path)
+    with pytest.raises(DatasetError, match="no embedded set 'dataset_v9'.*dataset_v2_20"):
+        embedded("dataset_v9")
+    with monkeypatch.context() as patch:  # an installation that lost a set says so
+        patch.setattr(datasets, "EMBEDDED_ROOT", tmp_path)
+        with pytest.raises(DatasetError, match="dataset_v2_20.*missing from this installation"):
+            dataset_source("v2-20")
+    assert embedded("dataset_1_rotations") == str(SETS / "dataset_1_rotations")
     records = load_subject(dataset_source("v2-20"), "1_random_row_easy", limit=3)
     assert all(len(r["gravity_dir"]) == 2 and len(r["input_grid"]) == 20 for r in records)
     try:

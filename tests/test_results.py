@@ -13,10 +13,8 @@ import shutil
 
 import numpy as np
 import pytest
-from absl import flags
-from conftest import FULL_EASY, REPO, RTOL_REFERENCE, SHARED, require_shared, store_optima
+from conftest import FULL_EASY, REPO, RTOL_REFERENCE, SHARED, require_shared, run_app, store_optima
 
-from sphyr_jax.app import cli, common
 from sphyr_jax.scoring.results import (
     AGGREGATE_KEYS,
     AGGREGATED_SUFFIX,
@@ -306,22 +304,13 @@ def test_validate_matches_published_table(full_easy_records, optimum_cache):
 # The app and its flag files.
 
 
-def _run_app(argv, monkeypatch, cache):
-    monkeypatch.setattr(common, "cache", lambda: cache)
-    monkeypatch.setattr(common, "setup", lambda: None)  # x64 is on; keep JAX config
-    remaining = flags.FLAGS(["sphyr_jax"] + argv)
-    try:
-        return cli.main(remaining)
-    finally:
-        flags.FLAGS.unparse_flags()
-
 
 def test_rescore_flagfile(stripped_tree, optimum_cache, tmp_path, monkeypatch, capsys):
     root, _ = stripped_tree
     copy = tmp_path / "tree"
     shutil.copytree(root, copy)
     out_json = tmp_path / "board.json"
-    status = _run_app(["rescore", f"--flagfile={REPO / 'configs' / 'rescore.cfg'}",
+    status = run_app(["rescore", f"--flagfile={REPO / 'configs' / 'rescore.cfg'}",
                        f"--results_root={copy}", f"--output_json={out_json}",
                        "--progress=false"], monkeypatch, optimum_cache)
     assert status == 0
@@ -335,7 +324,7 @@ def test_rescore_flagfile(stripped_tree, optimum_cache, tmp_path, monkeypatch, c
 def test_validate_flagfile(optimum_cache, tmp_path, monkeypatch, capsys):
     require_shared(FULL_EASY)
     out_json = tmp_path / "validate.json"
-    status = _run_app(["validate", f"--flagfile={REPO / 'configs' / 'validate.cfg'}",
+    status = run_app(["validate", f"--flagfile={REPO / 'configs' / 'validate.cfg'}",
                        f"--dataset_dir={SHARED / 'datasets'}", f"--output_json={out_json}",
                        "--progress=false"], monkeypatch, optimum_cache)
     assert status == 0
@@ -348,13 +337,13 @@ def test_validate_flagfile(optimum_cache, tmp_path, monkeypatch, capsys):
 
 
 def test_usage_errors(monkeypatch, optimum_cache, tmp_path, capsys):
-    assert _run_app(["nonsense"], monkeypatch, optimum_cache) == 2
+    assert run_app(["nonsense"], monkeypatch, optimum_cache) == 2
     assert "unknown command 'nonsense'" in capsys.readouterr().err
-    assert _run_app(["convert"], monkeypatch, optimum_cache) == 2
+    assert run_app(["convert"], monkeypatch, optimum_cache) == 2
     assert "convert needs --raw_dir" in capsys.readouterr().err
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert _run_app(["rescore", f"--results_root={empty}", "--progress=false"],
+    assert run_app(["rescore", f"--results_root={empty}", "--progress=false"],
                     monkeypatch, optimum_cache) == 1
 
 

@@ -1,6 +1,7 @@
 """The OpenEnv server, driven over WebSocket by openenv-core's own client on a free local port."""
 
 import asyncio
+import logging
 
 import pytest
 from rl_support import DATA, fill, published_order, warm_optima
@@ -111,6 +112,26 @@ def test_garbage_huge_and_malformed_actions(served):
         # The session is still usable, and so is the server.
         assert env.step({"grid": "0"}).reward == 0.0
     assert httpx.get(f"{server.url}/health", timeout=10).json() == {"status": "healthy"}
+
+
+def test_plain_http_mistakes_are_client_errors_with_a_json_message(served, caplog):
+    """curl-style requests: a step with no episode (plain HTTP keeps none), an unknown
+    subject, a malformed action are 4xx with a JSON message, and the server logs nothing."""
+    server, _ = served
+    caplog.set_level(logging.INFO)
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        reset = http.post("/reset", json={"subject": SUBJECT})
+        assert reset.status_code == 200 and "V" in reset.json()["observation"]["grid"]
+        step = http.post("/step", json={"action": {"grid": "0 1"}})
+        assert step.status_code == 400 and step.headers["content-type"] == "application/json"
+        assert "no episode" in step.json()["detail"] and "/ws" in step.json()["detail"]
+        unknown = http.post("/reset", json={"subject": "no_such_subject"})
+        assert unknown.status_code == 400 and "unknown subject" in unknown.json()["detail"]
+        malformed = http.post("/step", json={"action": {"grid": 5}})
+        assert malformed.status_code == 422 and malformed.json()["detail"]
+        assert http.get("/health").json() == {"status": "healthy"}
+    logged = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not logged, [r.getMessage() for r in logged]
 
 
 def test_bad_reset_options_are_errors_that_leave_the_session(served):

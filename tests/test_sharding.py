@@ -111,7 +111,7 @@ SCRIPT_3D = textwrap.dedent("""
     from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
     from sphyr_jax.scoring.metrics import analyze_batch
 
-    files = sorted(pathlib.Path("data/dataset_3d/raw").glob("*_SPhyR_3D.csv"))
+    files = sorted(pathlib.Path("sphyr_jax/data/sets/dataset_3d/raw").glob("*_SPhyR_3D.csv"))
     grids = [read_raw_csv_3d(p).grid("hard") for p in files]
     cases = stack_load_cases([load_case_from_grid(g) for g in grids])
     rho = np.stack([densities_from_grid(g)[0] for g in grids])
@@ -162,8 +162,8 @@ SCRIPT_YARDSTICK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("dataset", ["data/dataset/full_easy.jsonl",
-                                     "data/dataset_v2_20/1_random_cell_easy.jsonl"])
+@pytest.mark.parametrize("dataset", ["sphyr_jax/data/sets/dataset/full_easy.jsonl",
+                                     "sphyr_jax/data/sets/dataset_v2_20/1_random_cell_easy.jsonl"])
 def test_reference_yardstick_on_four_devices_with_few_samples_each(dataset):
     """Eight samples over four devices (the published polish's small solves were
     batched LAPACK calls, which froze XLA's CPU pool when devices ran them at

@@ -1,13 +1,13 @@
 """Training against compliance: random problems, loss, loop, checkpoints, completions."""
 
 import dataclasses
-import pathlib
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import REPO, SETS
 
 from sphyr_jax import training
 from sphyr_jax.fem import fea
@@ -279,7 +279,7 @@ def test_complete_and_score_scores_completions_physically(trained, full_easy_rec
 # ---------------------------------------------------------------------------
 # Symmetry: turned / mirrored problems through the model and the evaluation path.
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
+DATA = REPO / "data"  # the baselines' results trees
 TRANSFORMS = [(k, None) for k in range(1, 4)] + [(0, 1), (3, 0)]  # (turns, mirror axis)
 
 
@@ -292,7 +292,7 @@ def _transform_tokens(grid, k, mirror):
 def data_records():
     from sphyr_jax.data.datasets import load_subject
 
-    return {s: load_subject(str(DATA / "dataset"), s, limit=3)
+    return {s: load_subject(str(SETS / "dataset"), s, limit=3)
             for s in ("full_easy", "full_hard", "3_random_column_hard", "5_random_cell_easy")}
 
 
@@ -372,15 +372,16 @@ def test_completions_keep_known_cells_and_format_in_every_direction(trained, dat
 
 
 def test_embedded_turned_datasets_match_the_turned_records():
-    """data/dataset_<n>_rotations holds data/dataset turned with the direction its name encodes."""
+    """The embedded dataset_<n>_rotations hold dataset turned with the direction their name
+    encodes."""
     from sphyr_jax.data.datasets import list_subjects, load_subject
     from sphyr_jax.problem.loadcase import gravity_from_folder
 
     for tag, k in (("3_rotations", 1), ("2_rotations", 2), ("1_rotations", 3)):
-        folder = DATA / f"dataset_{tag}"
+        folder = SETS / f"dataset_{tag}"
         for subject in list_subjects():
             turned = load_subject(str(folder), subject)
-            original = load_subject(str(DATA / "dataset"), subject)
+            original = load_subject(str(SETS / "dataset"), subject)
             assert len(turned) == len(original) == 20
             for a, b in zip(original, turned, strict=True):
                 assert b["gravity_dir"] == list(gravity_from_folder(folder.name))
@@ -394,7 +395,7 @@ def test_leaderboard_scores_every_group_beside_baselines_and_stored_completions(
     baseline (read from a results tree) scores exactly like the leaderboard's own solid fill."""
     model, _ = trained
     subjects = ["full_easy", "1_random_row_hard"]
-    groups = training.load_dataset_groups([DATA / "dataset", DATA / "dataset_3_rotations"],
+    groups = training.load_dataset_groups([SETS / "dataset", SETS / "dataset_3_rotations"],
                                           subjects, limit=2)
     assert {(g.subject, g.direction) for g in groups} == {
         (s, d) for s in subjects for d in ("down", "right")}

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import SETS
 
 from sphyr_jax import training
 from sphyr_jax.problem.grids import InvalidProblemError
@@ -164,7 +164,7 @@ def test_voxel_completions_keep_known_cells_and_score(trained3d):
     """A 3D model completes a record of the embedded voxel dataset: known tokens kept,
     V cells filled in the format."""
     model, _ = trained3d
-    path = REPO / "data" / "dataset_3d" / "1_random_row_hard_3d.jsonl"
+    path = SETS / "dataset_3d" / "1_random_row_hard_3d.jsonl"
     rec = json.loads(path.read_text().splitlines()[0])
     # A model of another grid size still runs: convolutions are size-agnostic.
     done = training.complete_records(model, [rec], hard=True)[0]
@@ -188,7 +188,7 @@ def test_voxel_baselines_fill_every_masked_voxel(optimum_cache):
     """The leaderboard's empty / solid baselines on a voxel record: every V voxel
     filled, the empty fill carries nothing, the solid one scores its material
     efficiency (structural efficiency 1)."""
-    rec = json.loads((REPO / "data" / "dataset_3d" / "full_easy_3d.jsonl").read_text()
+    rec = json.loads((SETS / "dataset_3d" / "full_easy_3d.jsonl").read_text()
                      .splitlines()[1])
     solid = training.evaluation.fill_masked(rec["input_grid"], "1")
     flat_in = list(itertools.chain.from_iterable(itertools.chain.from_iterable(

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, RTOL_REFERENCE, report
+from conftest import REPO, RTOL_REFERENCE, SETS, report
 
 from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
 from sphyr_jax.scoring.metrics import ScoreItem, score_batch
@@ -215,10 +215,10 @@ def test_claude_file_gets_figures(claude_records, stored_optima, optimum_cache, 
 
 def test_cache_keys_differ_between_yardsticks(gpt4o_records):
     case = _cases(gpt4o_records[:1])[0]
-    ref = optimum_key(case, None, yardstick_options("reference"))
-    strong = optimum_key(case, None, yardstick_options("strong"))
+    ref = optimum_key(case, None, options=yardstick_options("reference"))
+    strong = optimum_key(case, None, options=yardstick_options("strong"))
     assert ref != strong
-    assert optimum_key(case, None, DEFAULT_STRONG) == strong
+    assert optimum_key(case, None, options=DEFAULT_STRONG) == strong
     assert OptimumCache().yardstick == "reference"
     assert OptimumCache(yardstick="strong").yardstick == "strong"
     with pytest.raises(ValueError):
@@ -300,7 +300,7 @@ def test_exact_polish_agrees_with_the_low_rank_polish():
     from sphyr_jax.fem import fea
     from sphyr_jax.topopt import yardstick_polish
 
-    lines = (REPO / "data" / "dataset" / "full_easy.jsonl").read_text().splitlines()[:6]
+    lines = (SETS / "dataset" / "full_easy.jsonl").read_text().splitlines()[:6]
     records = [json.loads(line) for line in lines]
     cases = stack_load_cases([load_case_from_grid(r["ground_truth"], r["input_grid"])
                               for r in records])
@@ -324,8 +324,8 @@ def test_exact_polish_agrees_with_the_low_rank_polish():
             if c < 2.0 * c_answer[i]:
                 break
     static = DEFAULT_REFERENCE.static()
-    low_rank = jax.jit(lambda c, z, m: yardstick_polish.polish(c, z, m, static))
-    exact = jax.jit(lambda c, z, m: yardstick_polish.polish_exact(c, z, m, static))
+    low_rank = jax.jit(lambda c, z, m: yardstick_polish.polish(c, z, m, static=static))
+    exact = jax.jit(lambda c, z, m: yardstick_polish.polish_exact(c, z, m, static=static))
     xa, ca = low_rank(cases, x, mask)
     xb, cb = exact(cases, x, mask)
     np.testing.assert_array_equal(np.asarray(xa), np.asarray(xb))
@@ -349,7 +349,7 @@ def test_a_group_of_completions_is_analysed_as_each_alone():
     from sphyr_jax.scoring import metrics
     from sphyr_jax.scoring.validation import probe_completions
 
-    lines = (REPO / "data" / "dataset" / "full_easy.jsonl").read_text().splitlines()[:3]
+    lines = (SETS / "dataset" / "full_easy.jsonl").read_text().splitlines()[:3]
     records = [json.loads(line) for line in lines]
     rng = random.Random(3)
     items = []

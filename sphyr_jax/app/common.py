@@ -1,8 +1,11 @@
-"""Flags every command shares, and the start-up and helpers built on them.
+"""Flags several commands share, and the start-up and helpers built on them.
 
 Each flag is defined once: the shared ones here, each command's own in its
-module under :mod:`sphyr_jax.app.commands`.  Validators run at parse time, so
-a bad value stops the app before any work with one line naming the flag.
+module under :mod:`sphyr_jax.app.commands`.  A command names the shared flags
+it reads in its ``SHARED`` tuple; any other flag of the app given to it is a
+mistake the app reports (and its ``--help`` lists only what it reads).
+Validators run at parse time, so a bad value stops the app before any work
+with one line naming the flag.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from absl import flags
 
 from sphyr_jax.errors import UserInputError
 
-REPO_DATA = pathlib.Path(__file__).resolve().parents[2] / "data"
 DATASET_VERSIONS = ("v1", "v2", "v2-20")
 
 flags.DEFINE_integer("num_devices", None, "Devices batches are split over (default: all).",
@@ -25,7 +27,8 @@ flags.DEFINE_string("cache_dir", None, "Folder persisting reference optima betwe
 flags.DEFINE_string("compilation_cache_dir", None,
                     "JAX persistent compilation cache (default: $SPHYR_JAX_COMPILATION_CACHE "
                     "or ~/.cache/sphyr_jax/jax; '' disables it).")
-flags.DEFINE_bool("progress", True, "Show progress bars on stderr.")
+flags.DEFINE_bool("progress", True, "Show progress on stderr: a live bar per stage on a "
+                  "terminal, a line per stage elsewhere.")
 flags.DEFINE_string("output_json", None, "Also write the command's result as JSON here.")
 flags.DEFINE_enum("optimum", "reference", ["reference", "strong"],
                   "Yardstick: 'reference' reproduces the published optimum and scores; "
@@ -33,8 +36,8 @@ flags.DEFINE_enum("optimum", "reference", ["reference", "strong"],
 flags.DEFINE_bool("design_efficiency", False,
                   "Also optimise at each completion's own budget (slower).")
 flags.DEFINE_string("dataset_dir", None,
-                    "Dataset folder, subject file or hub name (default: the embedded data/ "
-                    "set of --dataset_version).")
+                    "Dataset folder, subject file or hub name (default: the embedded set of "
+                    "--dataset_version).")
 flags.DEFINE_enum("dataset_version", "v1", list(DATASET_VERSIONS),
                   "Which SPhyR set the embedded data come from when --dataset_dir is not given.")
 flags.DEFINE_string("results_root", None, "Folder of <model>/<subject>_results.json.")
@@ -44,12 +47,10 @@ flags.DEFINE_integer("seed", None, "Random seed (each command documents its defa
 FLAGS = flags.FLAGS
 
 
-def data_dir(name: str) -> str:
-    """An embedded ``data/<name>`` folder of the repository (or of the working folder)."""
-    for base in (REPO_DATA, pathlib.Path.cwd() / "data"):
-        if (base / name).is_dir():
-            return str(base / name)
-    raise UserInputError(f"no embedded data/{name} folder found; pass it explicitly")
+RUNTIME = ("cpu_devices", "compilation_cache_dir")
+"""Start-up flags (:func:`setup`): every command reads them."""
+SCORING = ("num_devices", "cache_dir", "optimum")
+"""Flags of every command that computes optima (:func:`cache`)."""
 
 
 def dataset(dim: int = 2) -> str:
@@ -77,7 +78,7 @@ def setup() -> None:
 
 
 def progress():
-    """The progress reporter the flags ask for."""
+    """The progress reporter the flags ask for (a context manager: its bars close on exit)."""
     from sphyr_jax.progress import ProgressBar
 
     return ProgressBar(enabled=FLAGS.progress)

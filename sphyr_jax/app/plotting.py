@@ -24,6 +24,7 @@ import tempfile
 import jax
 import numpy as np
 
+from sphyr_jax.errors import UserInputError
 from sphyr_jax.fem import fea
 from sphyr_jax.io import read_json
 from sphyr_jax.problem.grids import (
@@ -229,7 +230,7 @@ def _solution(load_case: LoadCase, densities, penal=3.0):
     """(displacements (..., nely + 1, nelx + 1, 2), compliance (...)), L/S made solid."""
     rho = np.array(densities, dtype=np.float64)
     rho[..., np.asarray(load_case.load_mask | load_case.support_mask)] = 1.0
-    sol = _solve(load_case, rho, penal)
+    sol = _solve(load_case, rho, penal=penal)
     nely, nelx = load_case.shape
     u = np.asarray(sol.displacements).reshape(rho.shape[:-2] + (nely + 1, nelx + 1, 2))
     return u, np.asarray(sol.compliance)
@@ -397,7 +398,8 @@ def _results_figure(path: pathlib.Path, records: list, index: int, cache):
     from sphyr_jax.topopt.optimum import OptimumCache
 
     if not 0 <= index < len(records):
-        raise ValueError(f"{path}: index {index} out of range ({len(records)} records)")
+        raise UserInputError(f"{path}: record index {index} is out of range (it holds "
+                             f"{len(records)} records: 0 to {len(records) - 1})")
     record = records[index]
     prompt = record.get("prompt")
     input_grid = extract_grid(prompt) if prompt else record.get("input_grid")
@@ -431,6 +433,15 @@ def _results_figure(path: pathlib.Path, records: list, index: int, cache):
     return fig
 
 
+def _is_training_board(data) -> bool:
+    """A trainer's ``leaderboard.json``: rows per source, subject and direction, one dict
+    of means per entry (``model``, ``empty``, ``solid``, stored models)."""
+    return (isinstance(data, dict) and isinstance(data.get("entries"), list)
+            and isinstance(data.get("rows"), list) and bool(data["rows"])
+            and all(isinstance(r, dict) and {"source", "subject", "direction"} <= r.keys()
+                    for r in data["rows"]))
+
+
 def render_file(path, output, index=0, cache=None) -> pathlib.Path:
     """Render a results, validation or leaderboard JSON file to a PNG.
 
@@ -442,7 +453,11 @@ def render_file(path, output, index=0, cache=None) -> pathlib.Path:
       field; gravity from the record's ``gravity_dir`` or the folder name;
     * a validation report ``{"subject", "samples", "rows": [{"probe", ...}]}``:
       :func:`plot_validation`;
-    * a leaderboard ``{"rows": [{"model", ...}]}``: :func:`plot_leaderboard`.
+    * a leaderboard ``{"rows": [{"model", ...}]}`` (``rescore --output_json``):
+      :func:`plot_leaderboard`;
+    * a trainer's ``leaderboard.json`` (``experiments/train_compliance.py``):
+      heat maps of every entry, subject by direction, of its first source
+      (:func:`sphyr_jax.training.leaderboard.plot_leaderboard`).
 
     Args:
         path: the JSON file.
@@ -455,14 +470,21 @@ def render_file(path, output, index=0, cache=None) -> pathlib.Path:
         The output path (a ``pathlib.Path``).
 
     Raises:
-        ValueError: unreadable JSON, a file of no known kind, an index out of
-            range, or a record without usable boundary conditions.
+        UserInputError: unreadable JSON, a file of no known kind, an index out
+            of range, or a record without usable boundary conditions (all
+            ``ValueError`` s).
     """
     path = pathlib.Path(path)
-    data = read_json(path)  # CorruptFileError is a ValueError
+    data = read_json(path)  # CorruptFileError is a UserInputError
     if isinstance(data, list) and data and all(isinstance(r, dict) for r in data) and all(
             {"completion", "ground_truth"} <= r.keys() for r in data):
         fig = _results_figure(path, data, int(index), cache)
+    elif _is_training_board(data):
+        from sphyr_jax.training.leaderboard import plot_leaderboard as plot_training_board
+
+        output = pathlib.Path(output)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        return plot_training_board(data, output)
     elif isinstance(data, dict) and isinstance(data.get("rows"), list) and data["rows"] and all(
             isinstance(r, dict) for r in data["rows"]):
         rows = data["rows"]
@@ -471,10 +493,16 @@ def render_file(path, output, index=0, cache=None) -> pathlib.Path:
         elif all("model" in r for r in rows):
             fig = plot_leaderboard(rows)
         else:
-            raise ValueError(f"{path}: rows are neither validation probes nor leaderboard models")
+            raise UserInputError(
+                f"{path}: rows are neither validation probes nor leaderboard models")
+    elif isinstance(data, dict) and isinstance(data.get("experiments"), list):
+        raise UserInputError(
+            f"{path} is a report's report.json, which plot does not draw: the report command "
+            "draws its bar charts itself (figures/ beside it; --nofigures turns them off)")
     else:
-        raise ValueError(
+        raise UserInputError(
             f"{path}: not a results file (list of records with 'completion' and "
-            "'ground_truth'), a validation report or a leaderboard ({'rows': [...]})"
+            "'ground_truth'), a validation report, a rescore leaderboard ({'rows': [...]}) "
+            "or a trainer's leaderboard.json"
         )
     return save_figure(fig, output)

@@ -7,4 +7,16 @@ every generator shares (:mod:`~sphyr_jax.data.generation`), run with the
 v1-style rules (:mod:`~sphyr_jax.data.generate`) or the SPhyR-v2 rules
 (:mod:`~sphyr_jax.data.generate_v2`).  Built on :mod:`sphyr_jax.problem` and, for
 generation, :mod:`sphyr_jax.topopt`.
+
+The embedded sets ship with the package (``sphyr_jax/data/sets``):
+:func:`embedded` gives the folder of one by name, wherever sphyr_jax is
+installed, and :func:`load_subject` reads its records::
+
+    from sphyr_jax.data import embedded, load_subject
+
+    records = load_subject(embedded("dataset"), "full_easy")
 """
+
+from sphyr_jax.data.datasets import EMBEDDED_SETS, embedded, list_subjects, load_subject
+
+__all__ = ["EMBEDDED_SETS", "embedded", "list_subjects", "load_subject"]

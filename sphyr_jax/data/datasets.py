@@ -58,10 +58,21 @@ DIFFICULTIES = ("easy", "hard")
 SUBJECT_SUFFIX_3D = "_3d"
 HUB_ID = "philippds/SPhyR"
 HUB_SPLIT = "test"
+EMBEDDED_ROOT = pathlib.Path(__file__).resolve().parent / "sets"
+"""Where the embedded sets live: package data, in a checkout and in an installed wheel alike."""
+EMBEDDED_SETS = (
+    "dataset",
+    "dataset_1_rotations",
+    "dataset_2_rotations",
+    "dataset_3_rotations",
+    "dataset_3d",
+    "dataset_v2",
+    "dataset_v2_20",
+)
+"""The embedded sets, by name (see :func:`embedded`)."""
 DATASET_FOLDERS = {"v1": "dataset", "v2": "dataset_v2", "v2-20": "dataset_v2_20"}
-"""The embedded set of each dataset version: a folder under the repository's ``data/``."""
+"""The embedded set of each dataset version (a name of :data:`EMBEDDED_SETS`)."""
 DATASET_VERSIONS = tuple(DATASET_FOLDERS)
-REPO_DATA = pathlib.Path(__file__).resolve().parents[2] / "data"
 
 _HUB_PREFIXES = ("hf://", "hub://", "hf:")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -85,24 +96,59 @@ def list_subjects(dim: int = 2) -> list[str]:
     return [f"{variant}_{level}{suffix}" for variant in VARIANTS for level in DIFFICULTIES]
 
 
-def dataset_source(version: str = "v1", dim: int = 2, base=None) -> str:
-    """The embedded dataset folder of a version: ``v1``, ``v2`` (10x10) or ``v2-20`` (20x20).
+def embedded(name: str = "dataset") -> str:
+    """The folder of an embedded set, for :func:`load_subject` and every ``dataset_dir``.
 
-    ``v1`` is ``data/dataset`` (``data/dataset_3d`` for ``dim=3``), ``v2`` is
-    ``data/dataset_v2`` and ``v2-20`` is ``data/dataset_v2_20``.
+    The sets ship inside the package (``sphyr_jax/data/sets/<name>``), so they
+    are found wherever sphyr_jax is installed and whatever the working folder:
+
+    * ``dataset``: 20 generated 10x10 samples x the 16 SPhyR subjects (v1 style,
+      loads pointing down);
+    * ``dataset_1_rotations``, ``dataset_2_rotations``, ``dataset_3_rotations``:
+      the same samples turned with their load direction (left, up, right);
+    * ``dataset_3d``: 6 voxel samples x the 16 ``_3d`` subjects;
+    * ``dataset_v2``, ``dataset_v2_20``: the SPhyR-v2 sets, 100 samples each,
+      10x10 and 20x20.
+
+    Args:
+        name: one of :data:`EMBEDDED_SETS`.
+
+    Returns:
+        The folder's path.
+
+    Raises:
+        DatasetError: an unknown name, or a set missing from this installation.
+
+    Example::
+
+        from sphyr_jax.data import embedded, load_subject
+
+        records = load_subject(embedded("dataset_v2"), "full_easy")
+    """
+    if name not in EMBEDDED_SETS:
+        raise DatasetError(f"no embedded set {name!r}; sets: {', '.join(EMBEDDED_SETS)}")
+    folder = EMBEDDED_ROOT / name
+    if not folder.is_dir():
+        raise DatasetError(f"the embedded set {name!r} is missing from this installation "
+                           f"({folder}); reinstall sphyr-jax")
+    return str(folder)
+
+
+def dataset_source(version: str = "v1", dim: int = 2) -> str:
+    """The embedded set of a dataset version: ``v1``, ``v2`` (10x10) or ``v2-20`` (20x20).
+
+    ``v1`` is the ``dataset`` set (``dataset_3d`` for ``dim=3``), ``v2`` is
+    ``dataset_v2`` and ``v2-20`` is ``dataset_v2_20`` (see :func:`embedded`).
 
     Args:
         version: one of :data:`DATASET_VERSIONS`.
         dim: 2, or 3 for the voxel set (v1 only).
-        base: the ``data`` folder to look in (default: the repository's, then
-            ``./data``).
 
     Returns:
         The folder, for :func:`load_subject`.
 
     Raises:
-        DatasetError: an unknown version, a voxel set of a v2 version, or a
-            folder that is not there.
+        DatasetError: an unknown version, or a voxel set of a v2 version.
     """
     if version not in DATASET_FOLDERS:
         raise DatasetError(f"unknown dataset version {version!r}; versions: "
@@ -112,13 +158,7 @@ def dataset_source(version: str = "v1", dim: int = 2, base=None) -> str:
         if version != "v1":
             raise DatasetError(f"there is no voxel set of dataset version {version!r}")
         name += SUBJECT_SUFFIX_3D
-    bases = [pathlib.Path(base)] if base is not None else [REPO_DATA, pathlib.Path.cwd() / "data"]
-    for folder in (b / name for b in bases):
-        if folder.is_dir():
-            return str(folder)
-    raise DatasetError(f"no embedded data/{name} folder found for dataset version {version!r}; "
-                       "pass the folder explicitly (data/README.md gives the command that "
-                       "generates it)")
+    return embedded(name)
 
 
 def subject_ndim(subject: str) -> int:

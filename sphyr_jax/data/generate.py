@@ -61,6 +61,7 @@ from sphyr_jax.data.generation import (
     design_tokens,
     generate,
 )
+from sphyr_jax.errors import UserInputError
 from sphyr_jax.fem import fea
 from sphyr_jax.io import atomic_write_json, atomic_write_text, read_json
 from sphyr_jax.problem.grids import grid_to_text
@@ -153,7 +154,8 @@ def gravity_name(direction) -> str:
         for name, vec in DIRECTIONS.items():
             if pair == tuple(float(v) for v in vec):
                 return name
-    raise ValueError(f"gravity direction must be one of {sorted(DIRECTIONS)}, got {direction!r}")
+    raise UserInputError(f"gravity direction must be one of {sorted(DIRECTIONS)}, "
+                         f"got {direction!r}")
 
 
 def quarter_turns(direction) -> int:
@@ -277,7 +279,8 @@ def optimise_candidates(candidates: Sequence[Candidate],
     seeds = np.stack([c.seed for c in candidates])
     result = strong_optimum_batch(batch, seeds=seeds, options=options, progress=progress)
     designs = np.asarray(result.densities, np.float64)
-    free = np.asarray(free_budget(batch.design_mask, batch.pinned, batch.volume_fraction, 2)[0])
+    free = np.asarray(free_budget(batch.design_mask, batch.pinned, batch.volume_fraction,
+                                  ndim=2)[0])
     binary = np.all((designs == 0.0) | (designs == 1.0), axis=(-2, -1))
     if not binary.all():
         rounded = np.asarray(binarize(designs, batch.design_mask, batch.pinned, free))
@@ -432,9 +435,9 @@ def _check_raw_folder(raw_dir: pathlib.Path, planned: set[str]) -> None:
                      and (raw_file_number(p) is not None or p.name == GRAVITY_FILE
                           or p.name.endswith(RAW_SUFFIX)) and p.name not in planned)
     if foreign:
-        raise ValueError(f"{raw_dir} holds files of another dataset ({', '.join(foreign[:5])}"
-                         f"{', ...' if len(foreign) > 5 else ''}); remove them or use another "
-                         "output folder")
+        raise UserInputError(f"{raw_dir} holds files of another dataset "
+                             f"({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}); "
+                             "remove them or use another output folder")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -616,12 +619,12 @@ def generate_dataset(output_dir, num_samples: int, *, seed: int = 0, grid_size: 
     fea.require_x64()
     check_num_samples(num_samples)
     if volume_fraction is not None and not 0.0 < float(volume_fraction) <= 1.0:
-        raise ValueError(f"volume_fraction must lie in (0, 1], got {volume_fraction!r}")
+        raise UserInputError(f"volume_fraction must lie in (0, 1], got {volume_fraction!r}")
     if isinstance(gravity_dirs, str):
         gravity_dirs = [g for g in gravity_dirs.split(",") if g.strip()]
     names = tuple(gravity_name(g) for g in gravity_dirs)
     if not names:
-        raise ValueError("gravity_dirs is empty")
+        raise UserInputError("gravity_dirs is empty")
     batch_size = batch_size or _default_batch(num_samples)
     rules = V1Rules(grid_size=grid_size, gravity_dirs=names, volume_fraction=volume_fraction,
                     boundary=boundary, volume_fraction_range=volume_fraction_range,

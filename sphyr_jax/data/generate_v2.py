@@ -345,7 +345,7 @@ def _simp_runs(batch: LoadCase, schedules, options: SimpOptions, num_devices, pr
 
 
 def _polish_fn(case, x, mask, *, static):
-    return yardstick_polish.polish(case, x, mask, static)
+    return yardstick_polish.polish(case, x, mask, static=static)
 
 
 def _polish(batch: LoadCase, designs, design_mask, options: V2Options, num_devices, report):

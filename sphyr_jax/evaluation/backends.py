@@ -45,6 +45,7 @@ import email.utils
 import importlib
 import inspect
 import os
+import socket
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -81,6 +82,29 @@ class BackendError(Exception):
         super().__init__(message)
         self.retryable = bool(retryable)
         self.retry_after = retry_after
+
+
+class EndpointUnreachable(UserInputError):
+    """An endpoint that refused the connection, or whose host name does not resolve, before
+    it ever answered: a wrong URL or a server that is not running, not worth retrying."""
+
+
+def _connect_failure(exc: BaseException) -> str | None:
+    """Why a connection could not be made (refused, unknown host...), or None when the
+    error is not a failure to connect (a timeout, a connection lost mid-request)."""
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 16:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if not any(type(e).__name__ == "ConnectError" for e in chain):
+        return None
+    for e in chain:
+        if isinstance(e, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(e, socket.gaierror):
+            return f"the host name does not resolve ({e.strerror or e})"
+    cause = next(e for e in chain if type(e).__name__ == "ConnectError")
+    return f"cannot connect ({cause})"
 
 
 def _frozen_grid(grid):
@@ -389,7 +413,11 @@ class OpenAIChat(Backend):
     the grid).  The client's own retries are off (the harness retries with its
     policy); errors are mapped to :class:`BackendError`: 429, 408, 409 and
     5xx, timeouts, lost connections and empty replies are retryable (with the
-    server's ``Retry-After``), other 4xx are not.
+    server's ``Retry-After``), other 4xx are not.  An endpoint that refuses the
+    connection or whose host does not resolve before it has ever answered
+    raises :class:`EndpointUnreachable` at once, naming the URL (a wrong URL
+    or a server that is not running); after it has answered, the same is a
+    retryable error (a server restarting).
 
     Args:
         model: the model name the endpoint knows (written into records).
@@ -431,6 +459,7 @@ class OpenAIChat(Backend):
         self.extra_body = dict(extra_body or {})
         self._secret = key  # never printed: not in repr, messages are redacted
         self._clients: dict[int, object] = {}
+        self._answered = False  # has the endpoint ever answered (any HTTP status)?
 
     def __repr__(self) -> str:
         return f"OpenAIChat(model={self.name!r}, base_url={self.base_url!r})"
@@ -457,10 +486,17 @@ class OpenAIChat(Backend):
         if isinstance(exc, openai.APITimeoutError):
             return BackendError(f"timed out after {self.timeout:g} s", retryable=True)
         if isinstance(exc, openai.APIConnectionError):
+            url = self.base_url or "the default OpenAI endpoint"
+            failure = _connect_failure(exc)
+            if failure is not None and not self._answered:
+                raise EndpointUnreachable(self._redact(
+                    f"cannot reach {url}: {failure}; is the model server running there, and "
+                    "is the URL right?")) from None
             cause = exc.__cause__ or exc
-            return BackendError(self._redact(f"connection error: {type(cause).__name__}: {cause}"),
-                                retryable=True)
+            return BackendError(self._redact(f"connection error ({url}): "
+                                             f"{type(cause).__name__}: {cause}"), retryable=True)
         if isinstance(exc, openai.APIStatusError):
+            self._answered = True
             status = int(exc.status_code)
             retryable = status in (408, 409, 429) or status >= 500
             body = exc.body if exc.body is not None else getattr(exc, "message", "")
@@ -486,6 +522,7 @@ class OpenAIChat(Backend):
             reply = await self._client().post("/chat/completions", body=body, cast_to=object)
         except openai.OpenAIError as exc:
             raise self._error(exc) from None
+        self._answered = True
         text, reason = _reply_text(reply)
         if not isinstance(text, str) or not text.strip():
             raise BackendError(f"empty reply (finish_reason={reason})", retryable=True)

@@ -60,6 +60,7 @@ from sphyr_jax.evaluation.tasks import (
     results_folder,
     subject_tasks,
 )
+from sphyr_jax.runtime import enable_x64
 from sphyr_jax.scoring.results import RESULTS_SUFFIX
 
 __all__ = [
@@ -97,6 +98,8 @@ def evaluate(model, *, results_root, dataset=None, subjects: Sequence[str] | Non
              **run_options) -> RunSummary:
     """Run a model on SPhyR subjects and store its scored answers (the library call).
 
+    Turns float64 on before any work (the scoring needs it).
+
     Args:
         model: a spec string for :func:`~sphyr_jax.evaluation.backends.make_backend`
             (an OpenAI-compatible model name, ``baseline:<kind>``,
@@ -121,14 +124,14 @@ def evaluate(model, *, results_root, dataset=None, subjects: Sequence[str] | Non
 
     Example::
 
-        import sphyr_jax as sj
+        from sphyr_jax.data import embedded
         from sphyr_jax.evaluation.harness import evaluate
 
-        sj.enable_x64()
-        summary = evaluate("qwen2.5:7b", dataset="data/dataset", results_root="results",
+        summary = evaluate("qwen2.5:7b", dataset=embedded("dataset"), results_root="results",
                            backend_options={"base_url": "http://127.0.0.1:11434/v1"})
         print(summary.table())
     """
+    enable_x64()  # an entry point: float64 before any work
     if isinstance(model, str):
         backend = make_backend(model, **(backend_options or {}))
     else:

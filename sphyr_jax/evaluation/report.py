@@ -450,6 +450,7 @@ class ReportSummary:
     experiments: list[str]
     files: list[str]
     missing: list[tuple[str, str, str]]  # (experiment, model, subject)
+    unscored: list[str] = dataclasses.field(default_factory=list)  # metrics no record holds
 
     def line(self) -> str:
         return (f"report: {len(self.experiments)} experiments "
@@ -471,13 +472,29 @@ def write_report(results_root, output_dir, *, metrics: Sequence[str] | None = No
         formats: figure formats.
         log: optional callable(str) told about unreadable files.
 
+    A metric that no record of an experiment holds (the static metrics of a
+    published tree before ``rescore``) gets no table there rather than a table
+    of dashes; those held by no record at all are listed in the summary's
+    ``unscored``.
+
     Returns:
         A :class:`ReportSummary`.
 
     Raises:
-        UserInputError: nothing to report, or an unknown metric.
+        UserInputError: nothing to report, no record holding any reported
+            metric (the message names ``rescore``), or an unknown metric.
     """
     boards = collect(results_root, metrics, log)
+    held = {b.experiment: [k for k, per in b.values.items()
+                           if any(v is not None for row in per.values() for v in row.values())]
+            for b in boards}
+    unscored = [k for k in boards[0].values if not any(k in keys for keys in held.values())]
+    if not any(held.values()):
+        raise UserInputError(
+            f"{results_root}: no record holds the metrics a report tabulates (a tree before "
+            f"scoring?); add them with: python -m sphyr_jax rescore --results_root={results_root}")
+    boards = [dataclasses.replace(b, values={k: b.values[k] for k in held[b.experiment]})
+              for b in boards if held[b.experiment]]
     out = pathlib.Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     files: list[str] = []
@@ -506,4 +523,4 @@ def write_report(results_root, output_dir, *, metrics: Sequence[str] | None = No
     path = out / "report.json"
     atomic_write_json(path, report_json(boards), indent=1)
     files.append(str(path))
-    return ReportSummary([b.experiment for b in boards], files, missing)
+    return ReportSummary([b.experiment for b in boards], files, missing, unscored)

@@ -24,13 +24,13 @@ Layout of the factor ``C`` (T, s, m, B): ``C[t, j, r] = L[t s + r, t s + j]``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from sphyr_jax.fem.structured import StructuredGrid, get_grid
+from sphyr_jax.runtime import bounded_cache
 
 # Scan steps fused per loop iteration (measured best on a 2-core CPU).
 UNROLL = 4
@@ -75,7 +75,7 @@ class BandPlan:
         return self.grid.cells[1]
 
 
-@functools.lru_cache(maxsize=32)
+@bounded_cache(maxsize=32)
 def get_plan(shape: tuple[int, int], block: int = 4) -> BandPlan:
     """Cached banded plan of an (nely, nelx) grid (``block`` columns per step)."""
     grid = get_grid(tuple(shape))

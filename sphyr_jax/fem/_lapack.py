@@ -1,18 +1,23 @@
 r"""Banded Cholesky by LAPACK on the host, callable from compiled CPU programs.
 
 LAPACK's blocked banded Cholesky (``dpbtrf``) and its solves (``dpbtrs``,
-``dtbtrs``) run at the speed of tuned matrix kernels: on one core about
-0.28 ms for the 882 DOFs of a 20x20 grid and 7.4 ms for the 7,442 of a 60x60
-one, 3-5x faster than the same factorisation written as XLA loops
-(:mod:`sphyr_jax.fem._banded`).  The routines are SciPy's own LAPACK, reached
-through the function pointers that ``scipy.linalg.cython_lapack`` exports and
-called through :mod:`ctypes`, which releases the interpreter lock during each
-call, so the samples of a large enough batch are dealt to every core at once
-(:func:`_spread`), each call single-threaded (one small band is faster on one
-thread).
+``dtbtrs``) run at the speed of tuned matrix kernels: a factorisation costs
+$O(n k^2)$ for $n$ DOFs and half-bandwidth $k$, like the same factorisation
+written as XLA loops (:mod:`sphyr_jax.fem._banded`), with a smaller constant
+(``benchmarks/scaling.py`` times both, and the multigrid CG, per grid size).  The routines are
+SciPy's own LAPACK, reached through the function pointers that
+``scipy.linalg.cython_lapack`` exports and called through :mod:`ctypes`,
+which releases the interpreter lock during each call, so the samples of a
+large enough batch are dealt to every core at once (:func:`_spread`), each
+call single-threaded (one small band is faster on one thread).
+
+The threads that share a batch's samples live in one pool per process,
+created on the first batch that needs it (importing the module starts no
+thread and registers nothing); it is shut down at interpreter exit, or by
+:func:`shutdown_threads`, and a forked child makes its own.
 
 Compiled programs call in through an XLA foreign-function target
-(:mod:`sphyr_jax.fem.host`: one call per batch, about 20 us of overhead, the
+(:mod:`sphyr_jax.fem.host`: one call per batch, a fixed overhead per call, the
 program's buffers read in place), so this serves CPU programs, on one device
 or several at once; elsewhere the XLA factorisation is used
 (:class:`~sphyr_jax.fem.solvers.Banded`).
@@ -28,12 +33,14 @@ storage, column major).  Arrays cross the boundary batch-*first*.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +48,7 @@ import numpy as np
 
 from sphyr_jax.fem.host import host_call
 from sphyr_jax.fem.structured import get_grid
+from sphyr_jax.runtime import bounded_cache
 
 _INT = ctypes.POINTER(ctypes.c_int)
 _CHAR = ctypes.c_char_p
@@ -90,8 +98,8 @@ def scipy_openblas() -> str | None:
     NumPy and SciPy wheels each bundle their own OpenBLAS (NumPy's the 64-bit
     integer build); SciPy's lives in the ``scipy.libs`` folder beside the
     package.  Limiting the wrong one leaves ``dpbtrf`` on every core, where
-    its threads spin-wait for each other: measured 40x slower per
-    factorisation with two such processes on a 2-core machine.
+    its threads spin-wait for each other, many times slower per
+    factorisation when two such processes share the cores.
     """
     import scipy
 
@@ -128,15 +136,37 @@ def host_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_POOL: list = []  # [ThreadPoolExecutor] once made; emptied in a forked child
+_POOL: list[ThreadPoolExecutor] = []  # the pool, once made; emptied in a forked child
 _POOL_LOCK = threading.Lock()
+_HOOKS: list[bool] = []  # [True] once the exit and fork hooks are registered
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_POOL.clear)
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's threads do not exist here."""
+    _POOL.clear()
+
+
+def shutdown_threads() -> None:
+    """Stop the host threads (after their work); a later batch starts new ones.
+
+    Registered to run at interpreter exit once the pool exists; call it to
+    release the threads earlier.
+    """
+    with _POOL_LOCK:
+        pools = list(_POOL)
+        _POOL.clear()
+    for pool in pools:
+        pool.shutdown(wait=True)
 
 
 def _pool() -> ThreadPoolExecutor:
+    """The process's thread pool, made (and its hooks registered) on first use."""
     with _POOL_LOCK:
+        if not _HOOKS:
+            atexit.register(shutdown_threads)
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=_forget_pool)
+            _HOOKS.append(True)
         if not _POOL:
             _POOL.append(ThreadPoolExecutor(host_cores(), "sphyr-lapack"))
         return _POOL[0]
@@ -144,16 +174,9 @@ def _pool() -> ThreadPoolExecutor:
 
 # A batch runs on the calling thread below this many multiply-adds in all, or
 # per sample ($n k^2$ for a factorisation): handing work to another thread and
-# back costs about 0.1 ms, and each sample's assembly holds the interpreter
-# lock.  Measured (factor + solve, two cores): pairs lose at 10x10 and 12x12
-# (0.6x, 0.8x), break even at 16x16 and gain 1.2-1.4x at 20x20; batches of
-# 64 gain 1.16x at 10x10, 1.5x at 12x12, 1.6x at 20x20, 1.7-1.9x at 30x30.
-# Larger bands gain as much (batches of 4 to 64, alternating runs: 1.7-1.9x
-# at 40x40, 1.6-1.8x at 60x60, 1.7x at 80x80, and 1.6-1.8x for their solves),
-# though each outgrows a core's 1 MB of L2: the blocked factorisation works
-# on a window of the band at a time.  Runs while another process held the
-# second core (seen as ratios near 1 in the same loops) gain nothing, lose
-# little.
+# back costs a fixed overhead, and each sample's assembly holds the
+# interpreter lock, so small bands and small batches gain nothing from more
+# threads.
 _SPREAD_FLOPS = 3e6
 _SPREAD_FLOPS_EACH = 1e5
 
@@ -233,7 +256,7 @@ def _forward_one(fac: np.ndarray, rhs: np.ndarray) -> None:
                    ctypes.byref(info))
 
 
-@functools.lru_cache(maxsize=32)
+@bounded_cache(maxsize=32)
 def band_weights(shape: tuple[int, ...]) -> np.ndarray:
     r"""Assembly weights of the lower band, $(2^D, D (k + 1))$ for a grid of
     dimension $D$ (Q4 or hexahedral elements, $D$ DOFs per node).
@@ -271,10 +294,20 @@ def band_width(shape: tuple[int, ...]) -> int:
     return band_weights(tuple(shape)).shape[1] // len(shape)
 
 
-@functools.lru_cache(maxsize=32)
-def _corner_slices(shape: tuple[int, ...]):
-    return tuple(tuple(slice(o, o + n) for o, n in zip(off, shape, strict=True)) + (q,)
-                 for q, off in enumerate(get_grid(shape).element.node_offsets))
+class _Layout(NamedTuple):
+    """Everything the band assembly of one grid shape needs, looked up once per batch."""
+
+    weights: np.ndarray  # band_weights(shape)
+    corners: tuple  # per element corner q: the slices of the node lattice it fills
+    fixed: np.ndarray  # flat offsets of a DOF's band row and column (see _fixed_offsets)
+
+
+@bounded_cache(maxsize=32)
+def _layout(shape: tuple[int, ...]) -> _Layout:
+    weights = band_weights(shape)
+    corners = tuple(tuple(slice(o, o + n) for o, n in zip(off, shape, strict=True)) + (q,)
+                    for q, off in enumerate(get_grid(shape).element.node_offsets))
+    return _Layout(weights, corners, _fixed_offsets(weights.shape[1] // len(shape)))
 
 
 @functools.cache
@@ -284,7 +317,6 @@ def _dgemm():
     return blas.dgemm
 
 
-@functools.lru_cache(maxsize=32)
 def _fixed_offsets(width: int) -> np.ndarray:
     """Flat offsets, from ``j (k + 1)``, of the band entries in row and column
     $j$: ``F[j, d]`` for $d = 0..k$ and ``F[j - d, d]`` for $d = 1..k$."""
@@ -294,8 +326,7 @@ def _fixed_offsets(width: int) -> np.ndarray:
     return out
 
 
-def _assemble(moduli: np.ndarray, free: np.ndarray, weights: np.ndarray,
-              out: np.ndarray) -> None:
+def _assemble(moduli: np.ndarray, free: np.ndarray, layout: _Layout, out: np.ndarray) -> None:
     r"""The masked lower band of one sample into ``out`` (n, k + 1), C-contiguous.
 
     $\tilde K = D K D + (I - D)$ with $D = \mathrm{diag}(\text{free})$: the rows
@@ -305,7 +336,7 @@ def _assemble(moduli: np.ndarray, free: np.ndarray, weights: np.ndarray,
     through flat indices.
     """
     n, width = out.shape
-    slices = _corner_slices(moduli.shape)
+    slices = layout.corners
     corners = np.zeros(tuple(c + 1 for c in moduli.shape) + (len(slices),))
     for where in slices:
         corners[where] = moduli
@@ -313,14 +344,14 @@ def _assemble(moduli: np.ndarray, free: np.ndarray, weights: np.ndarray,
     # transposed product in column-major order), so it runs on the one
     # OpenBLAS thread of the factorisation: NumPy's matmul spreads a product
     # this size over its own OpenBLAS threads, which then spin beside
-    # ``dpbtrf`` (measured 7% slower SIMP at 40x40).
+    # ``dpbtrf``.
     dim = moduli.ndim
-    _dgemm()(1.0, weights.T, corners.reshape(-1, len(slices)).T, beta=0.0,
+    _dgemm()(1.0, layout.weights.T, corners.reshape(-1, len(slices)).T, beta=0.0,
              c=out.reshape(n // dim, dim * width).T, overwrite_c=1)
     fixed = np.flatnonzero(free == 0)
     if fixed.size:
         flat = out.reshape(-1)
-        entries = (fixed[:, None] * width + _fixed_offsets(width)).reshape(-1)
+        entries = (fixed[:, None] * width + layout.fixed).reshape(-1)
         flat[entries[entries >= 0]] = 0.0  # F[i - d, d] lies before the band when d > i
         flat[fixed * width] = 1.0
 
@@ -339,14 +370,14 @@ def factor(moduli: np.ndarray, free: np.ndarray) -> np.ndarray:
     """
     moduli, free = np.asarray(moduli, np.float64), np.asarray(free, np.float64)
     nb, n = free.shape
-    weights = band_weights(moduli.shape[1:])
+    layout = _layout(moduli.shape[1:])
     width = band_width(moduli.shape[1:])
     out = np.empty((nb, n, width))
     for i in np.flatnonzero(~free.any(axis=1)):  # the identity
-        _assemble(moduli[i], free[i], weights, out[i])
+        _assemble(moduli[i], free[i], layout, out[i])
 
     def one(i):
-        _assemble(moduli[i], free[i], weights, out[i])
+        _assemble(moduli[i], free[i], layout, out[i])
         if not _factor_one(out[i]):
             out[i] = np.nan
 
@@ -439,13 +470,13 @@ def factor_solve(moduli: np.ndarray, free: np.ndarray, rhs: np.ndarray) -> np.nd
     """
     moduli, free = np.asarray(moduli, np.float64), np.asarray(free, np.float64)
     nb, n = free.shape
-    weights = band_weights(moduli.shape[1:])
+    layout = _layout(moduli.shape[1:])
     width = band_width(moduli.shape[1:])
     out = np.array(rhs, dtype=np.float64, order="C", copy=True)
 
     def one(i):
         band = _scratch((n, width))  # the running thread's own
-        _assemble(moduli[i], free[i], weights, band)
+        _assemble(moduli[i], free[i], layout, band)
         if _factor_one(band):
             _solve_one(band, out[i])
         else:

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
 
 
 def _dot(a, b):
     return jnp.sum(a * b, axis=tuple(range(a.ndim - 1)))
 
 
-def pcg(matvec, precondition, rhs, *, tol: float, max_iter: int, x0=None):
+def pcg(matvec, precondition, rhs: Float[Array, "*layout batch"], *, tol: float,
+        max_iter: int, x0: Float[Array, "*layout batch"] | None = None
+        ) -> tuple[Float[Array, "*layout batch"], Bool[Array, " batch"], Int[Array, " batch"]]:
     """Solve $A x = b$ for a batch of SPD systems.
 
     Args:

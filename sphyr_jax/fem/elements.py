@@ -31,10 +31,11 @@ points): $K_e = \sum_g w_g B_g^T D B_g \det J$ on the unit cell.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 
 import numpy as np
+
+from sphyr_jax.runtime import bounded_cache
 
 NU = 0.3
 E0 = 1.0
@@ -93,7 +94,7 @@ def node_offsets(dim: int) -> tuple[tuple[int, ...], ...]:
     return out
 
 
-def constitutive_matrix(dim: int, nu: float = NU) -> np.ndarray:
+def constitutive_matrix(dim: int, *, nu: float = NU) -> np.ndarray:
     r"""Unit-modulus constitutive matrix in Voigt notation (engineering shears).
 
     2D (plane stress), strains $(\varepsilon_{xx}, \varepsilon_{yy}, \gamma_{xy})$:
@@ -153,7 +154,7 @@ def strain_displacement(dim: int, offsets, point) -> np.ndarray:
     return b
 
 
-def element_stiffness(dim: int = 2, nu: float = NU) -> np.ndarray:
+def element_stiffness(dim: int = 2, *, nu: float = NU) -> np.ndarray:
     r"""Unit-modulus stiffness of the unit $d$-cube element by $2^d$-point Gauss.
 
     $K_e = \sum_g B_g^T D B_g \, 2^{-d}$ (Gauss weights 1 in natural
@@ -161,7 +162,7 @@ def element_stiffness(dim: int = 2, nu: float = NU) -> np.ndarray:
     closed-form matrix of the classic 88-line code.
     """
     offsets = node_offsets(dim)
-    d = constitutive_matrix(dim, nu)
+    d = constitutive_matrix(dim, nu=nu)
     g = 1.0 / np.sqrt(3.0)
     n = dim * len(offsets)
     ke = np.zeros((n, n))
@@ -172,13 +173,13 @@ def element_stiffness(dim: int = 2, nu: float = NU) -> np.ndarray:
     return ke
 
 
-@functools.lru_cache(maxsize=8)
-def get_element(dim: int, nu: float = NU) -> Element:
+@bounded_cache(maxsize=8)
+def get_element(dim: int, *, nu: float = NU) -> Element:
     """The cached element of a dimension: Q4 for 2, H8 for 3."""
     dim = int(dim)
     if dim not in (2, 3):
         raise ValueError(f"structured elements exist for dim 2 (Q4) and 3 (H8), got {dim}")
-    ke = element_stiffness(dim, nu)
+    ke = element_stiffness(dim, nu=nu)
     lam, vec = np.linalg.eigh(ke)
     keep = lam > 1e-10 * lam.max()
     modes, stiff = vec[:, keep], lam[keep]

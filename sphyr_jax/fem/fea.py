@@ -49,14 +49,24 @@ import numpy as np
 
 from sphyr_jax.fem import linear_solve as ls
 from sphyr_jax.fem import structured as st
+from sphyr_jax.fem.array_types import (
+    CellField,
+    Densities,
+    NodalField,
+    Penalty,
+    PerSample,
+    SampleCodes,
+)
 from sphyr_jax.fem.elements import E0, EMIN
 from sphyr_jax.fem.solvers import (
     CG,
+    RESULT_MESSAGES,
     RESULTS,
     Banded,
     Dense,
     Multigrid,
     Solver,
+    SolverLike,
     as_solver,
     default_solver,
     result_name,
@@ -76,7 +86,7 @@ __all__ = [
 ]
 
 
-def simp_moduli(densities: jax.Array, penal=3.0) -> jax.Array:
+def simp_moduli(densities: Densities, *, penal: Penalty = 3.0) -> CellField:
     r"""SIMP moduli $E(\rho) = E_{min} + \rho^p (E_0 - E_{min})$, $\rho$ clipped to [0, 1]."""
     rho = jnp.clip(densities, 0.0, 1.0)
     return EMIN + rho**penal * (E0 - EMIN)
@@ -121,10 +131,10 @@ class Solution(eqx.Module):
         iterations: (...) CG iterations (0 for the direct solvers).
     """
 
-    displacements: jax.Array
-    compliance: jax.Array
-    result: jax.Array
-    iterations: jax.Array
+    displacements: NodalField
+    compliance: PerSample
+    result: SampleCodes
+    iterations: SampleCodes
 
     @property
     def converged(self) -> jax.Array:
@@ -156,7 +166,7 @@ def _prepare(load_case: LoadCase, densities, penal):
     safe_free = jnp.where(posed[:, None], jnp.asarray(free, bool), False)
     penal = jnp.broadcast_to(jnp.asarray(penal, jnp.float64), batch).reshape(
         (-1,) + (1,) * load_case.ndim)
-    moduli = simp_moduli(safe_rho, penal)
+    moduli = simp_moduli(safe_rho, penal=penal)
     finite = finite_rho & jnp.isfinite(penal).reshape(-1) & jnp.all(jnp.isfinite(force), axis=-1)
     code = jnp.where(~posed, RESULTS.no_load_path,
                      jnp.where(~finite, RESULTS.nonfinite_input, RESULTS.successful))
@@ -179,7 +189,7 @@ def _result(code, solver_code, c):
 
 def _throw(out, result):
     """``out`` unchanged, or an error naming the first failed sample's result."""
-    return eqx.branched_error_if(out, result != RESULTS.successful, result, RESULTS.messages)
+    return eqx.branched_error_if(out, result != RESULTS.successful, result, RESULT_MESSAGES)
 
 
 def _kernels(load_case: LoadCase, solver):
@@ -229,12 +239,12 @@ class Analysis(eqx.Module):
         result: int32 :class:`RESULTS` code of the design's solve.
     """
 
-    compliance: jax.Array
-    volume_fraction: jax.Array
-    max_displacement: jax.Array
+    compliance: PerSample
+    volume_fraction: PerSample
+    max_displacement: PerSample
     load_carrying: jax.Array
-    solid_compliance: jax.Array
-    result: jax.Array
+    solid_compliance: PerSample
+    result: SampleCodes
 
     @property
     def converged(self) -> jax.Array:
@@ -258,7 +268,7 @@ def _analyze_impl(load_case, densities, penal, solver, throw=False,
     nb = force.shape[1]
     if solid_compliance is None:
         # The design and the solid grid in one batched solve (one factorisation kernel).
-        solid_moduli = simp_moduli(jnp.ones_like(moduli), jnp.broadcast_to(
+        solid_moduli = simp_moduli(jnp.ones_like(moduli), penal=jnp.broadcast_to(
             jnp.asarray(penal, jnp.float64), batch).reshape(-1))
         moduli = jnp.concatenate([moduli, solid_moduli], axis=-1)
         free2, force2 = jnp.concatenate([free, free], axis=-1), jnp.concatenate([force] * 2, -1)
@@ -360,8 +370,9 @@ def _call(name: str, load_case: LoadCase, densities, penal, solver, throw: bool,
         lambda a: jax.device_put(np.asarray(a)[:nb].reshape(batch + a.shape[1:])), out)
 
 
-def solve(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False,
-          x0=None, keep_factor: bool = True) -> Solution:
+def solve(load_case: LoadCase, densities: Densities, *, penal: Penalty = 3.0,
+          solver: SolverLike = None, throw: bool = False, x0: NodalField | None = None,
+          keep_factor: bool = True) -> Solution:
     """Solve $K(\\rho) u = f$ for densities with any leading batch axes.
 
     Differentiable in both modes (``jax.grad``, ``jax.jvp``, ``jax.jacfwd``,
@@ -395,8 +406,8 @@ def solve(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = 
                  static={"keep_factor": bool(keep_factor)}, x0=x0)
 
 
-def compliance(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False
-               ) -> jax.Array:
+def compliance(load_case: LoadCase, densities: Densities, *, penal: Penalty = 3.0,
+               solver: SolverLike = None, throw: bool = False) -> PerSample:
     """Compliance $c = f \\cdot u$ of densities under a load case.
 
     jit-able, vmap-able, batchable (see :func:`solve` for the arguments) and
@@ -412,8 +423,9 @@ def compliance(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bo
     return _call("compliance", load_case, densities, penal, solver, throw)
 
 
-def analyze(load_case: LoadCase, densities, penal=3.0, solver=None, throw: bool = False,
-            solid_compliance=None) -> Analysis:
+def analyze(load_case: LoadCase, densities: Densities, *, penal: Penalty = 3.0,
+            solver: SolverLike = None, throw: bool = False,
+            solid_compliance: PerSample | None = None) -> Analysis:
     """Solve a design and report its structural response.
 
     Densities are used as given (callers set L/S cells solid; see
@@ -438,7 +450,7 @@ def _strain_energy(load_case: LoadCase, displacements):
     return jnp.moveaxis(e, -1, 0).reshape(batch + load_case.shape)
 
 
-def element_strain_energy(load_case: LoadCase, displacements: jax.Array) -> jax.Array:
+def element_strain_energy(load_case: LoadCase, displacements: NodalField) -> CellField:
     """Unit-modulus element energies $u_e^T K_e u_e$, (..., *cells)."""
     return _strain_energy(load_case, displacements)
 
@@ -446,11 +458,12 @@ def element_strain_energy(load_case: LoadCase, displacements: jax.Array) -> jax.
 @jax.jit
 def _dense_stiffness(free_dofs, densities, penal):
     grid = st.get_grid(densities.shape)
-    moduli = simp_moduli(jnp.asarray(densities, jnp.float64), penal)[..., None]
+    moduli = simp_moduli(jnp.asarray(densities, jnp.float64), penal=penal)[..., None]
     return st.dense_matrix(grid, moduli, free_dofs.astype(jnp.float64)[:, None])[0]
 
 
-def dense_stiffness(load_case: LoadCase, densities, penal=3.0) -> np.ndarray:
+def dense_stiffness(load_case: LoadCase, densities: Densities, *, penal: float = 3.0
+                    ) -> np.ndarray:
     """Masked dense stiffness matrix of one sample (for inspection and tests)."""
     return np.asarray(_dense_stiffness(load_case.free_dofs, np.asarray(densities, np.float64),
                                        np.float64(penal)))

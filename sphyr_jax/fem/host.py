@@ -1,16 +1,18 @@
 r"""NumPy functions called from compiled CPU programs through XLA's FFI.
 
 ``jax.pure_callback`` moves every argument onto a JAX device and back before
-the function sees it (about 0.1 ms per megabyte-sized call, 60 us for tiny
-ones), and from programs running on several CPU devices at once that move
-waits on the thread pool the programs themselves hold (a sharded run was seen
-to stall).  A foreign-function target reaches the function with the
-program's own buffers instead: XLA calls a C function pointer with a call
-frame holding pointers to the argument and result buffers.  Here that
-pointer is a :mod:`ctypes` callback into Python, which wraps the buffers as
-NumPy arrays without copying, calls the function, and writes its result into
-the result buffer (about 20 us per call).  The structures below mirror XLA's
-stable FFI C API (``xla/ffi/api/c_api.h``, API version 0.1).
+the function sees it (a cost that grows with the arguments' bytes), and from
+programs running on several CPU devices at once that move waits on the
+thread pool the programs themselves hold (a sharded run was seen to stall).
+A foreign-function target reaches the function with the program's own
+buffers instead: XLA calls a C function pointer with a call frame holding
+pointers to the argument and result buffers.  Here that pointer is a
+:mod:`ctypes` callback into Python, which wraps the buffers as NumPy arrays
+without copying, calls the function, and writes its result into the result
+buffer: a fixed cost per call, whatever the arguments' size
+(``benchmarks/host_call.py`` measures both mechanisms per call).  The
+structures below mirror XLA's stable FFI C API (``xla/ffi/api/c_api.h``, API
+version 0.1).
 
 Only CPU programs can call these targets.  A function that raises reports an
 XLA error with its message; the program fails instead of reading garbage.
@@ -19,7 +21,6 @@ XLA error with its message; the program fails instead of reading garbage.
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 
 import jax
@@ -144,17 +145,22 @@ def _handler(fn):
 
 
 _LOCK = threading.Lock()
-_KEEP: dict[str, object] = {}  # registered handlers, alive for the process
+# Registered handlers by target name.  XLA keeps a target for the life of the
+# process (compiled programs call it by name), so this registry is never
+# released; it holds one entry per host function of the library.
+_KEEP: dict[str, object] = {}
 
 
-@functools.cache
 def _target(fn) -> str:
     """Register ``fn`` as an FFI target of the CPU platform (once) and name it."""
     name = f"sphyr_jax.{fn.__module__}.{fn.__qualname__}"
-    with _LOCK:
-        handler = _KEEP[name] = _handler(fn)
-        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(_c.cast(handler, _c.c_void_p)),
-                                    platform="cpu")
+    if name not in _KEEP:
+        with _LOCK:
+            if name not in _KEEP:
+                handler = _handler(fn)
+                jax.ffi.register_ffi_target(
+                    name, jax.ffi.pycapsule(_c.cast(handler, _c.c_void_p)), platform="cpu")
+                _KEEP[name] = handler
     return name
 
 

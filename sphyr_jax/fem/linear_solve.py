@@ -31,7 +31,9 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 from sphyr_jax.fem import structured as st
-from sphyr_jax.fem.solvers import RESULTS, Solver, as_solver, default_chunk
+from sphyr_jax.fem.array_types import Codes, FreeMask, Moduli, PerSample, Vectors
+from sphyr_jax.fem.solvers import RESULTS, AbstractSolver, SolverLike, as_solver
+from sphyr_jax.runtime import bounded_cache
 
 
 def chunked(fn, chunk: int, *arrays):
@@ -103,11 +105,11 @@ class Kernels:
             (no state kept: cheapest when it is used once).
     """
 
-    def __init__(self, shape: tuple[int, ...], solver: Solver):
+    def __init__(self, shape: tuple[int, ...], solver: AbstractSolver):
         self.grid = grid = st.get_grid(tuple(shape))
         self.solver = solver
         self.ndim = grid.dim
-        chunk = default_chunk(solver, grid)
+        chunk = solver.batch_chunk(grid)
 
         def init(moduli, free):
             return chunked(functools.partial(solver.init, grid), chunk, moduli, free)
@@ -118,13 +120,9 @@ class Kernels:
         def compute_from(state, rhs, x0):
             return chunked(functools.partial(solver.compute, grid), chunk, state, rhs, x0)
 
-        def fused(moduli, free, rhs):
-            if hasattr(solver, "init_compute"):
-                return solver.init_compute(grid, moduli, free, rhs)
-            return solver.compute(grid, solver.init(grid, moduli, free), rhs)
-
         def init_compute(moduli, free, rhs):
-            return chunked(fused, chunk, moduli, free, rhs)
+            return chunked(functools.partial(solver.init_compute, grid), chunk, moduli, free,
+                           rhs)
 
         self.init = _batch_last_vmap(init)
         self.compute = _batch_last_vmap(compute)
@@ -140,9 +138,9 @@ class Kernels:
         return st.element_energy(self.grid, a, b)
 
 
-@functools.lru_cache(maxsize=64)
-def kernels(shape: tuple[int, ...], solver: Solver) -> Kernels:
-    """Cached :class:`Kernels` (one set per grid shape and solver per process)."""
+@bounded_cache(maxsize=64)
+def kernels(shape: tuple[int, ...], solver: AbstractSolver) -> Kernels:
+    """Cached :class:`Kernels` (one set per grid shape and solver, at most 64 kept)."""
     return Kernels(tuple(shape), solver)
 
 
@@ -153,7 +151,9 @@ def _checked(out):
     return jnp.where(result == RESULTS.successful, x, jnp.nan), (result, its)
 
 
-def linear_solve(k: Kernels, moduli, free, rhs, reuse_state: bool = True, x0=None):
+def linear_solve(k: Kernels, moduli: Moduli, free: FreeMask, rhs: Vectors, *,
+                 reuse_state: bool = True, x0: Vectors | None = None
+                 ) -> tuple[Vectors, Codes, Codes]:
     r"""$x = \tilde K(E)^{-1} b$ behind ``lax.custom_linear_solve``.
 
     JAX derives both differentiation modes from the rule: a tangent is one
@@ -196,8 +196,8 @@ def linear_solve(k: Kernels, moduli, free, rhs, reuse_state: bool = True, x0=Non
     return x, result, its
 
 
-@functools.lru_cache(maxsize=64)
-def compliance_rule(shape: tuple[int, ...], solver: Solver):
+@bounded_cache(maxsize=64)
+def compliance_rule(shape: tuple[int, ...], solver: AbstractSolver):
     r"""$c = f^T \tilde K^{-1} f$ (batch-last) with a self-adjoint JVP rule.
 
     $\dot c = -\sum_e \dot E_e\, u_e^T K_e u_e + 2 u \cdot \dot f$: no extra solve
@@ -230,7 +230,8 @@ def compliance_rule(shape: tuple[int, ...], solver: Solver):
 
 
 @functools.partial(jax.jit, static_argnames=("solver",))
-def solve_system(moduli, free, rhs, solver=None):
+def solve_system(moduli: Moduli, free: FreeMask, rhs: Vectors, *, solver: SolverLike = None
+                 ) -> tuple[Vectors, Codes, Codes]:
     r"""$u = \tilde K^{-1} (D\,\text{rhs})$ on raw batch-last arrays, differentiable.
 
     Args:
@@ -249,7 +250,8 @@ def solve_system(moduli, free, rhs, solver=None):
 
 
 @functools.partial(jax.jit, static_argnames=("solver",))
-def system_compliance(moduli, force, free, solver=None):
+def system_compliance(moduli: Moduli, force: Vectors, free: FreeMask, *,
+                      solver: SolverLike = None) -> PerSample:
     r"""$c = f^T \tilde K^{-1} f$, $f = D\,\text{force}$, on raw batch-last arrays.
 
     Differentiable in both modes with respect to the moduli and the force

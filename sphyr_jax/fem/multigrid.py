@@ -25,20 +25,21 @@ V-cycle per iteration:
   every fixed fine DOF gets a spring of :data:`SPRING` times its diagonal
   stiffness, lumped onto the coarse DOFs by restriction
   ($\mathrm{diag}(P^T s)$).  Building a level is then a few matrix
-  products instead of a masked triple product per element (about 10x less
-  time on voxel grids), and the cycle needs about one more CG iteration than
+  products instead of a masked triple product per element, and the cycle
+  needs about one more CG iteration than
   with the exactly masked operators $P^T D K D P$.  The fine level is the
   exact masked operator, so the solution is unchanged.
 * Smoother: damped Jacobi ($\omega = 0.5$; 3 sweeps before and after the
   coarse correction on the finest level, 1 on coarser ones; symmetric, so
-  the V-cycle is an SPD preconditioner).  Defaults measured best on the
-  converted SPhyR-3D answers (about 30 iterations to $10^{-10}$).
+  the V-cycle is an SPD preconditioner).  Defaults chosen on the
+  converted SPhyR-3D answers (``benchmarks/fea3d_throughput.py`` takes the
+  cycle's options as flags and measures them).
 * Coarsest level: dense Cholesky of the assembled Galerkin matrix, rows
   without stiffness (padding) replaced by the identity, a relative
   $10^{-12}$ diagonal shift as safeguard; its inverse $X^T X$, $X = L^{-1}$,
   is formed once per hierarchy, so a coarse solve is one matrix-vector
   product.  Factor and inverse are plain JAX loops
-  (:func:`sphyr_jax.fem._small.spd_inverse_loop`): jaxlib's batched LAPACK
+  (:func:`sphyr_jax.fem.small_spd.spd_inverse_loop`): jaxlib's batched LAPACK
   Cholesky spreads a batch over XLA's CPU thread pool and waits for it, so
   two of them running at once (three solves of a training step, or several
   devices) could block every thread of a small pool for good.
@@ -65,9 +66,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Bool
 
-from sphyr_jax.fem import _banded, _lapack, _small, cg
+from sphyr_jax.fem import _banded, _lapack, cg, small_spd
 from sphyr_jax.fem import structured as st
+from sphyr_jax.fem.array_types import Codes, FreeMask, Moduli, Vectors
 from sphyr_jax.fem.multigrid_levels import (
     coarse_element_matrices,
     galerkin_from_fine,
@@ -99,7 +102,8 @@ def build_hierarchy(options, moduli, free_lat):
         and the inverse of the coarsest matrix ``coarse_inverse`` (B, n, n).
     """
     dim = moduli.ndim - 1
-    levels = plan(tuple(moduli.shape[:dim]), options.max_coarse_dofs, options.levels)
+    levels = plan(tuple(moduli.shape[:dim]), max_coarse_dofs=options.max_coarse_dofs,
+                  levels=options.levels)
     grid = st.get_grid(levels[0].cells)
     fine_diag = st.diagonal_lattice(grid, moduli, free_lat)
     data = {"moduli": moduli, "free": free_lat, "inv_diag": [1.0 / fine_diag], "kes": [],
@@ -126,7 +130,7 @@ def build_hierarchy(options, moduli, free_lat):
     kd = kd + jax.vmap(jnp.diag)(jnp.moveaxis(st.from_lattice(coarse, springs), -1, 0))
     d = jnp.diagonal(kd, axis1=1, axis2=2)
     kd = kd + jax.vmap(jnp.diag)(jnp.where(d <= 0.0, 1.0, COARSE_SHIFT * d))
-    data["coarse_inverse"] = _small.spd_inverse_loop(kd)
+    data["coarse_inverse"] = small_spd.spd_inverse_loop(kd)
     return data, levels
 
 
@@ -153,7 +157,7 @@ def _coarse_solve(levels, data, b):
     return st.to_lattice(grid, jnp.moveaxis(x, 0, -1))
 
 
-def vcycle(levels, options, data, b, li: int = 0):
+def vcycle(levels, options, data, b, *, li: int = 0):
     """One V-cycle $x \\approx \\tilde K_l^{-1} b$ from a zero initial guess (lattice layout)."""
     if li == len(levels) - 1 and li > 0:
         return _coarse_solve(levels, data, b)
@@ -167,7 +171,7 @@ def vcycle(levels, options, data, b, li: int = 0):
         r = b - _level_matvec(levels, data, li, x)
         if li == 0:
             r = r * data["free"]
-        ec = vcycle(levels, options, data, restrict(levels[li], r), li + 1)
+        ec = vcycle(levels, options, data, restrict(levels[li], r), li=li + 1)
         corr = prolong(levels[li], ec)
         if li == 0:
             corr = corr * data["free"]
@@ -203,10 +207,10 @@ def _with_fallback(grid, moduli, free, rhs, x, converged):
 
     In CPU programs, one batched call of LAPACK's banded Cholesky on the host
     (:mod:`sphyr_jax.fem._lapack`, any dimension; the converged samples enter
-    as identities and cost nothing): on a 10x10x10 voxel grid about 50 ms a
-    sample against about 1 s for the dense factorisation, and no dense
-    matrix in the program.  Elsewhere :func:`direct_solve`, one sample at a
-    time.
+    as identities and cost nothing): $O(n k^2)$ per sample for the
+    half-bandwidth $k$ of the grid, against $O(n^3)$ for a dense
+    factorisation, and no dense matrix in the program.  Elsewhere
+    :func:`direct_solve`, one sample at a time.
     """
     def on_host(_):
         failed = free * (1.0 - converged.astype(free.dtype))
@@ -224,7 +228,8 @@ def _with_fallback(grid, moduli, free, rhs, x, converged):
     return jax.lax.cond(jnp.all(converged), lambda _: x, fix, None)
 
 
-def solve(options, moduli, free, rhs, x0=None):
+def solve(options, moduli: Moduli, free: FreeMask, rhs: Vectors, *, x0: Vectors | None = None
+          ) -> tuple[Vectors, Bool[Array, " batch"], Codes]:
     """Multigrid-preconditioned CG on flat vectors, with the direct fallback.
 
     Args:

@@ -16,7 +16,6 @@ element matrices (m, m, *cells, ...), as in :mod:`sphyr_jax.fem.structured`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import math
 
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sphyr_jax.fem import structured as st
+from sphyr_jax.runtime import bounded_cache
 
 # ----------------------------------------------------------------------------
 # Static hierarchy plan.
@@ -52,8 +52,8 @@ class Level:
         return len(self.cells) * math.prod(self.node_shape)
 
 
-@functools.lru_cache(maxsize=64)
-def plan(cells: tuple[int, ...], max_coarse_dofs: int = 100,
+@bounded_cache(maxsize=64)
+def plan(cells: tuple[int, ...], *, max_coarse_dofs: int = 100,
          levels: int | None = None) -> tuple[Level, ...]:
     """The levels, finest first, for a grid of ``cells`` elements."""
     out = [Level(tuple(cells))]
@@ -70,7 +70,7 @@ def plan(cells: tuple[int, ...], max_coarse_dofs: int = 100,
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=16)
+@bounded_cache(maxsize=16)
 def descendant_weights(dim: int, depth: int = 1) -> np.ndarray:
     """Nodal interpolation weights $S_f$ of every fine descendant $f$ of a
     level-``depth`` element: (2^{depth d}, 2^d, 2^d), fine-local node x coarse-local node.
@@ -196,7 +196,7 @@ def coarse_element_matrices(level: Level, kes):
     return total
 
 
-@functools.lru_cache(maxsize=16)
+@bounded_cache(maxsize=16)
 def descendant_matrices(dim: int, depth: int) -> np.ndarray:
     """$G_f = P_f^T K_e P_f$ of every fine descendant $f$ of a level-``depth``
     element ($P_f$ from :func:`descendant_weights`).

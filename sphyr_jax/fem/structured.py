@@ -27,14 +27,16 @@ $K = \sum_e E_e K_e$ assembled from unit-modulus element matrices.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Float
 
+from sphyr_jax.fem.array_types import FreeMask, Moduli, Vectors
 from sphyr_jax.fem.elements import Element, get_element
+from sphyr_jax.runtime import bounded_cache
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -72,7 +74,7 @@ class StructuredGrid:
         return math.prod(self.cells)
 
 
-@functools.lru_cache(maxsize=64)
+@bounded_cache(maxsize=64)
 def get_grid(cells: tuple[int, ...]) -> StructuredGrid:
     """The cached grid of a shape (2 or 3 positive element counts)."""
     cells = tuple(int(n) for n in cells)
@@ -176,7 +178,7 @@ def apply_element_matrices(kes: jax.Array, xe: jax.Array) -> jax.Array:
 # Masked operator, lattice layout.
 
 
-def matvec_lattice(grid: StructuredGrid, moduli, free, x, stencil: bool = False):
+def matvec_lattice(grid: StructuredGrid, moduli, free, x, *, stencil: bool = False):
     """$\\tilde K x$, matrix-free.
 
     Args:
@@ -184,8 +186,9 @@ def matvec_lattice(grid: StructuredGrid, moduli, free, x, stencil: bool = False)
         free: (d, *node_shape, ...) free-DOF mask (0/1 floats).
         x: (d, *node_shape, ...).
         stencil: evaluate $K x$ as one fused nodal stencil
-            (:func:`_stencil_product`: about 3x faster on quadrilateral grids,
-            slower on voxel grids at small batches) instead of element by
+            (:func:`_stencil_product`: fewer passes over memory on
+            quadrilateral grids; more arithmetic than the element products on
+            voxel grids, with their 81 neighbour blocks) instead of element by
             element (element vectors, one small matrix product with $K_e$,
             nodal sums).  Both are the same operator up to rounding.
 
@@ -254,9 +257,9 @@ def element_energy_lattice(grid: StructuredGrid, a, b):
     Quadrilaterals: the sum $\\sum_{ij} (K_e)_{ij}\\, a_i b_j$ with the entries
     of $K_e$ as constants, which XLA fuses into one loop over the cells and
     the batch.  Hexahedra: $a_e \\cdot (K_e b_e)$ with one matrix product.
-    Their 576 constant terms, unrolled, made a kernel that XLA compiled in
-    about 3 s, once for each consumer it was fused into (the voxel yardstick
-    held four such copies: 29.6 s to compile, 20.7 s with the product).
+    Their 576 constant terms, unrolled, made a kernel whose compilation XLA
+    repeats for each consumer it is fused into (the voxel yardstick has four),
+    so the product compiles faster.
     """
     ae = element_values_lattice(grid, a)
     be = element_values_lattice(grid, b)
@@ -290,18 +293,18 @@ def nodal_accumulate(grid: StructuredGrid, elem: jax.Array) -> jax.Array:
     return from_lattice(grid, nodal_accumulate_lattice(grid, elem))
 
 
-def matvec(grid: StructuredGrid, moduli, free, x):
+def matvec(grid: StructuredGrid, moduli: Moduli, free: FreeMask, x: Vectors) -> Vectors:
     """$\\tilde K x$ for flat vectors: moduli (*cells, ...), free and x (n_dofs, ...)."""
     out = matvec_lattice(grid, moduli, to_lattice(grid, free), to_lattice(grid, x))
     return from_lattice(grid, out)
 
 
-def diagonal(grid: StructuredGrid, moduli, free):
+def diagonal(grid: StructuredGrid, moduli: Moduli, free: FreeMask) -> Vectors:
     """Diagonal of $\\tilde K$, flat (n_dofs, ...); free is flat (n_dofs, ...)."""
     return from_lattice(grid, diagonal_lattice(grid, moduli, to_lattice(grid, free)))
 
 
-def element_energy(grid: StructuredGrid, a, b):
+def element_energy(grid: StructuredGrid, a: Vectors, b: Vectors) -> Moduli:
     """$a_e^T K_e b_e$ per element for flat vectors (n_dofs, ...), shape (*cells, ...)."""
     return element_energy_lattice(grid, to_lattice(grid, a), to_lattice(grid, b))
 
@@ -320,7 +323,8 @@ def assemble_dense(grid: StructuredGrid, kes):
     return k.at[:, edofs[:, :, None], edofs[:, None, :]].add(vals)
 
 
-def dense_matrix(grid: StructuredGrid, moduli, free):
+def dense_matrix(grid: StructuredGrid, moduli: Moduli, free: FreeMask
+                 ) -> Float[Array, "batch dofs dofs"]:
     """Dense masked stiffness $\\tilde K$ (B, n_dofs, n_dofs) from batch-last inputs.
 
     Args:

@@ -39,6 +39,7 @@ from sphyr_jax.problem.grids import extract_grid, grid_to_text
 from sphyr_jax.rl.feedback import revision_prompt
 from sphyr_jax.rl.reward import reward_of
 from sphyr_jax.rl.samples import Sample, build_samples, replay_samples
+from sphyr_jax.runtime import enable_x64
 from sphyr_jax.scoring.records import completion_text, score_records
 from sphyr_jax.topopt.optimum import OptimumCache
 
@@ -236,6 +237,7 @@ class TopologyEnvironment:
 
     def __init__(self, library: SampleLibrary | str | os.PathLike, scorer: Scorer | None = None,
                  cache: OptimumCache | None = None, **defaults):
+        enable_x64()  # an entry point: float64 before any work
         self.library = library if isinstance(library, SampleLibrary) else SampleLibrary(library)
         if scorer is None:
             scorer = functools.partial(

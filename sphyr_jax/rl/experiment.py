@@ -31,10 +31,12 @@ import pathlib
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from sphyr_jax.errors import UserInputError
 from sphyr_jax.io import atomic_write_json, atomic_write_text
 from sphyr_jax.rl.environment import Episode
 from sphyr_jax.rl.feedback import verdict
 from sphyr_jax.rl.samples import Sample
+from sphyr_jax.runtime import enable_x64
 from sphyr_jax.scoring.records import completion_text, score_records
 from sphyr_jax.topopt.optimum import OptimumCache
 
@@ -110,6 +112,8 @@ async def _ask(backend: Backend, prompts: Sequence[str], limit: int) -> list[tup
                 out = backend(prompt)
                 if inspect.isawaitable(out):
                     out = await out
+            except UserInputError:  # the user's mistake (an unreachable endpoint): stop
+                raise
             except Exception as exc:  # a backend's failure is one invalid answer
                 return "", f"{type(exc).__name__}: {exc}"
             return (out if isinstance(out, str) else completion_text(out)), ""
@@ -138,6 +142,7 @@ async def arun_feedback_experiment(
     max_concurrency: int = 8,
 ) -> ExperimentResult:
     """Async :func:`run_feedback_experiment` (for callers already inside an event loop)."""
+    enable_x64()  # an entry point: float64 before any work
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
@@ -194,6 +199,8 @@ def run_feedback_experiment(
     max_concurrency: int = 8,
 ) -> ExperimentResult:
     """Run the feedback experiment (or its ``resample`` control) on some samples.
+
+    Turns float64 on before any work (the scoring needs it).
 
     Args:
         backend: the model, ``prompt -> answer``; sync or async, returning

@@ -18,7 +18,8 @@ folder).  :meth:`TopologyReward.metrics` gives every metric of each completion
 ``prompt`` column holds the benchmark's prompts and whose other columns are
 what the reward function reads.
 
-float64 is required: call ``sphyr_jax.enable_x64()`` at program start.
+float64 is required: making a :class:`TopologyReward` (and the first call of
+:func:`topology_reward`) turns it on.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation.prompts import DEFAULT_SEED, PromptSpec, Style
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY_3D
 from sphyr_jax.rl.samples import build_samples
+from sphyr_jax.runtime import enable_x64
 from sphyr_jax.scoring.records import MAX_COMPLETION_CHARS as MAX_COMPLETION_CHARS
 from sphyr_jax.scoring.records import completion_text as completion_text
 from sphyr_jax.scoring.records import score_records
@@ -97,6 +99,7 @@ class TopologyReward:
     def __init__(self, cache: OptimumCache | None = None, cache_dir=None, *,
                  yardstick: Yardstick = "reference", num_devices: int | None = None,
                  max_memory_entries: int | None = DEFAULT_MAX_MEMORY_ENTRIES):
+        enable_x64()  # an entry point: float64 before any work
         self.cache = cache if cache is not None else OptimumCache(
             cache_dir, yardstick=yardstick, num_devices=num_devices,
             max_memory_entries=max_memory_entries)

@@ -19,8 +19,8 @@ of a batch waits a few milliseconds for company.  A bad request (an unknown
 subject, an index out of range, a step with no episode, a malformed action)
 is answered with an error and the session and the server carry on.
 
-Requires the ``[env]`` extra (``openenv-core``, ``fastapi``, ``uvicorn``) and
-float64 (the ``serve`` command turns it on).
+Requires the ``[env]`` extra (``openenv-core``, ``fastapi``, ``uvicorn``);
+:func:`create_app` turns float64 on.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field
 from starlette.websockets import WebSocketDisconnect
 
+from sphyr_jax.errors import UserInputError
 from sphyr_jax.rl.environment import (
     DEFAULT_SUBJECT,
     EpisodeError,
@@ -46,7 +47,7 @@ from sphyr_jax.rl.environment import (
     TaskConfig,
     TopologyEnvironment,
 )
-from sphyr_jax.runtime import require_x64
+from sphyr_jax.runtime import enable_x64
 from sphyr_jax.scoring.records import score_records
 from sphyr_jax.topopt.optimum import OptimumCache
 
@@ -258,6 +259,22 @@ class _QuietDisconnect:
             pass
 
 
+_STATELESS = ("plain HTTP requests are stateless (each /step meets a fresh environment): hold "
+              "an episode over the WebSocket session at /ws, e.g. with openenv's "
+              "GenericEnvClient")
+
+
+async def _client_error(request, exc: UserInputError):
+    """A client's mistake (an unknown subject, a step with no episode...): 400 with a JSON
+    ``{"detail": message}``, and nothing in the server's log."""
+    from fastapi.responses import JSONResponse
+
+    detail = str(exc)
+    if request.url.path == "/step" and detail.startswith("no episode"):
+        detail = f"{detail}; {_STATELESS}"
+    return JSONResponse({"detail": detail}, status_code=400)
+
+
 def create_app(dataset_dir, *, results_root=None, cache: OptimumCache | None = None,
                max_concurrent_envs: int = 8, window_s: float = DEFAULT_WINDOW_S,
                max_batch: int = DEFAULT_MAX_BATCH, num_devices: int | None = None,
@@ -277,14 +294,18 @@ def create_app(dataset_dir, *, results_root=None, cache: OptimumCache | None = N
         subject: the subject a new session starts on.
         **defaults: other initial ``reset`` options of every session.
 
+    Turns float64 on (the scoring needs it).  A client's mistake over plain
+    HTTP (``/reset`` with an unknown subject, ``/step`` with no episode) is
+    answered 400 with ``{"detail": message}``; over a WebSocket session, with
+    an error message on the session.
+
     Returns:
         The application (``app.state.sphyr_scorer`` is the shared scorer).
 
     Raises:
         UserInputError: the default subject cannot be loaded or an option is bad.
-        RuntimeError: float64 is off.
     """
-    require_x64()
+    enable_x64()
     library = SampleLibrary(dataset_dir, results_root)
     scorer = BatchingScorer(cache, window_s, max_batch, num_devices)
     defaults = {"subject": subject, **defaults}
@@ -294,6 +315,7 @@ def create_app(dataset_dir, *, results_root=None, cache: OptimumCache | None = N
     app = create_fastapi_app(factory, SPhyRAction, SPhyRObservation,
                              max_concurrent_envs=max_concurrent_envs)
     app.router.on_shutdown.append(scorer.aclose)
+    app.add_exception_handler(UserInputError, _client_error)
     app.add_middleware(_QuietDisconnect)
     app.state.sphyr_scorer = scorer
     app.state.sphyr_library = library
@@ -336,7 +358,7 @@ class ServerThread:
 
     Example::
 
-        with ServerThread(create_app("data/dataset")) as server:
+        with ServerThread(create_app(embedded("dataset"))) as server:
             client = GenericEnvClient(base_url=server.url).sync()
     """
 

@@ -52,6 +52,7 @@ from sphyr_jax.problem.loadcase import (
     stack_load_cases,
     with_budget,
 )
+from sphyr_jax.progress import renamed
 from sphyr_jax.scoring.static import StaticMetrics, static_metrics_batch
 from sphyr_jax.sharding import batch_call, bucket_size, device_count
 from sphyr_jax.topopt.optimum import OptimumCache, cache_for, stored_optimum
@@ -509,7 +510,8 @@ def _group_fields(idx: list[int], reading: _Reading, cache: OptimumCache, own_bu
         own_cases = [with_budget(cases[k], v)
                      for k, v in zip(owner, out.volume_fraction, strict=True)]
         own = cache.get_many(own_cases, [seeds[k] for k in owner],
-                             progress=progress).compliance.tolist()
+                             progress=renamed(progress, "optima", "own-budget optima")
+                             ).compliance.tolist()
     return [
         _structural_fields(c, c_gt, c_opt, vf, vf_gt, carrying, disp, result_name(code),
                            p.report, c_own)

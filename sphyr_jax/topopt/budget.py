@@ -18,7 +18,11 @@ cell order, so it never overspends).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Bool, Float
+
+from sphyr_jax.fem.array_types import Densities
 
 BUDGET_SLACK = 1e-9  # cells; a candidate may spend vf * n + slack
 
@@ -28,7 +32,9 @@ def _flat(a, ndim: int):
     return a.reshape(a.shape[: a.ndim - ndim] + (-1,)) if ndim != 1 else a
 
 
-def free_budget(design_mask, pinned, volume_fraction, ndim: int = 1):
+def free_budget(design_mask: Bool[ArrayLike, "*batch_cells"], pinned: Densities,
+                volume_fraction: Float[ArrayLike, "*batch"], *, ndim: int = 1
+                ) -> tuple[Float[Array, "*batch"], Float[Array, "*batch"]]:
     """Material (cells) left for the design cells, and the pinned material.
 
     Args:
@@ -54,7 +60,8 @@ def budget_limit(volume_fraction, nel: int):
     return volume_fraction * nel + BUDGET_SLACK
 
 
-def round_to_budget(x, design_mask, budget):
+def round_to_budget(x: Float[Array, "*batch cells"], design_mask: Bool[Array, "*batch cells"],
+                    budget: Float[Array, "*batch"]) -> Float[Array, "*batch cells"]:
     """The published budget rounding of designs (..., nel).
 
     With $t = \\lfloor budget + 10^{-9} \\rfloor$ the design cells at or above the
@@ -71,7 +78,8 @@ def round_to_budget(x, design_mask, budget):
     return jnp.where(design_mask, (x >= threshold[..., None]).astype(x.dtype), x)
 
 
-def binarize(densities, design_mask, pinned, target_solid, ndim: int = 2):
+def binarize(densities: Densities, design_mask, pinned, target_solid, *, ndim: int = 2
+             ) -> jax.Array:
     """Budget-preserving 0/1 rounding of design cells (pure JAX, batched).
 
     The ``floor(target_solid)`` densest design cells become solid (ties broken

@@ -24,12 +24,14 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from sphyr_jax.fem.array_types import Densities
 from sphyr_jax.io import CorruptFileError, atomic_write_json, read_json
 from sphyr_jax.problem.loadcase import LoadCase, stack_load_cases
 from sphyr_jax.topopt import strong
 from sphyr_jax.topopt import yardstick as _yardstick
 from sphyr_jax.topopt.options import (
     Options,
+    Progress,
     ReferenceOptions,
     Yardstick,
     grid_options,
@@ -39,8 +41,9 @@ from sphyr_jax.topopt.options import (
 from sphyr_jax.topopt.result import OptimumResult
 
 
-def optimum_batch(load_case: LoadCase, seeds=None, yardstick="reference",
-                  progress=None) -> OptimumResult:
+def optimum_batch(load_case: LoadCase, seeds: Densities | None = None, *,
+                  yardstick: Yardstick = "reference",
+                  progress: Progress | None = None) -> OptimumResult:
     """Optima of many samples with either yardstick.
 
     Args:
@@ -55,11 +58,13 @@ def optimum_batch(load_case: LoadCase, seeds=None, yardstick="reference",
     """
     options = grid_options(yardstick_options(yardstick), load_case.ndim)
     if isinstance(options, ReferenceOptions):
-        return _yardstick.reference_optimum_batch(load_case, seeds, options, progress)
-    return strong.strong_optimum_batch(load_case, seeds, options, progress)
+        return _yardstick.reference_optimum_batch(load_case, seeds, options=options,
+                                                  progress=progress)
+    return strong.strong_optimum_batch(load_case, seeds, options=options, progress=progress)
 
 
-def optimum(load_case: LoadCase, seed=None, yardstick="reference") -> OptimumResult:
+def optimum(load_case: LoadCase, seed: Densities | None = None, *,
+            yardstick: Yardstick = "reference") -> OptimumResult:
     """The optimum of one sample (see :func:`optimum_batch`).
 
     Returns:
@@ -68,7 +73,7 @@ def optimum(load_case: LoadCase, seed=None, yardstick="reference") -> OptimumRes
     """
     batch = stack_load_cases([load_case])
     seeds = None if seed is None else np.asarray(seed)[None]
-    res = optimum_batch(batch, seeds, yardstick)
+    res = optimum_batch(batch, seeds, yardstick=yardstick)
     return jax.tree.map(lambda a: a[0], res)
 
 
@@ -76,7 +81,8 @@ def optimum(load_case: LoadCase, seed=None, yardstick="reference") -> OptimumRes
 # Cache.
 
 
-def optimum_key(load_case: LoadCase, seed=None, options=None) -> str:
+def optimum_key(load_case: LoadCase, seed: Densities | None = None, *,
+                options: Yardstick | None = None) -> str:
     """Content hash of everything an optimum depends on (one sample).
 
     The problem (masks, pinned densities, direction, budget), the seed design
@@ -331,12 +337,15 @@ class OptimumCache:
         # Even batches of at most max_batch samples (the optimiser's memory
         # grows with the batch).
         step = max(1, math.ceil(len(pending) / max(1, math.ceil(len(pending) / self.max_batch))))
+        if progress is not None and pending:
+            progress("optima", 0, len(pending))
         for lo in range(0, len(pending), step):
             part = pending[lo: lo + step]
             idx = [i for _, i in part]
             batch = stack_load_cases([cases[i] for i in idx])
             sd = None if seeds is None else np.stack([np.asarray(seeds[i]) for i in idx])
-            res = optimum_batch(batch, sd, yardstick=self.options, progress=progress)
+            res = optimum_batch(batch, sd, yardstick=self.options,
+                                progress=_within(progress, lo, len(pending)))
             self.computed += len(idx)
             if progress is not None:
                 progress("optima", lo + len(part), len(pending))
@@ -350,7 +359,21 @@ class OptimumCache:
         return jax.tree.map(lambda a: a[0], res)
 
 
-def cache_for(cache: OptimumCache | None, yardstick: Yardstick | Options | None = None,
+def _within(progress, offset: int, total: int):
+    """The optimiser's own "optima" count as part of the cache's count (one stage, not two)."""
+    if progress is None:
+        return None
+
+    def report(stage: str, done: int, part_total: int) -> None:
+        if stage == "optima":
+            progress(stage, offset + done, total)
+        else:
+            progress(stage, done, part_total)
+
+    return report
+
+
+def cache_for(cache: OptimumCache | None, yardstick: Yardstick | None = None,
               num_devices: int | None = None) -> OptimumCache:
     """The given cache, checked against ``yardstick``, or a fresh one for it.
 

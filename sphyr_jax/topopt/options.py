@@ -19,13 +19,14 @@ which 3D solves do not keep.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, TypeAlias
 
 from sphyr_jax.topopt import simp, strong_polish
 
-Yardstick = Literal["reference", "strong"]
-"""A yardstick by name (see the module docstring)."""
-YARDSTICKS: tuple[Yardstick, ...] = ("reference", "strong")  # default first
+YardstickName: TypeAlias = Literal["reference", "strong"]
+YARDSTICKS: tuple[YardstickName, ...] = ("reference", "strong")  # default first
+Progress: TypeAlias = Callable[[str, int, int], None]  # progress(stage, done, total)
 REFERENCE_VERSION = 1
 STRONG_VERSION = 2
 
@@ -139,10 +140,12 @@ class StrongOptions:
 
 
 DEFAULT_STRONG = StrongOptions()
-Options = ReferenceOptions | StrongOptions
+Options: TypeAlias = ReferenceOptions | StrongOptions
+Yardstick: TypeAlias = YardstickName | Options  # what ``yardstick=`` accepts
 
 
-def yardstick_options(yardstick="reference", num_devices: int | None = None) -> Options:
+def yardstick_options(yardstick: Yardstick = "reference", *, num_devices: int | None = None
+                      ) -> Options:
     """Settings of a yardstick by name (``"reference"`` or ``"strong"``).
 
     A :class:`ReferenceOptions` or :class:`StrongOptions` is returned as it is
@@ -160,7 +163,7 @@ def yardstick_options(yardstick="reference", num_devices: int | None = None) -> 
     raise ValueError(f"unknown yardstick {yardstick!r}: use one of {', '.join(YARDSTICKS)}")
 
 
-def yardstick_name(options: Options) -> str:
+def yardstick_name(options: Options) -> YardstickName:
     """``"reference"`` or ``"strong"``: the yardstick a settings object selects."""
     return "reference" if isinstance(options, ReferenceOptions) else "strong"
 

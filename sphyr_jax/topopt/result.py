@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import equinox as eqx
 import numpy as np
+from jaxtyping import Bool, Float, Int
 
 
 class OptimumResult(eqx.Module):
@@ -20,9 +21,9 @@ class OptimumResult(eqx.Module):
             polish; None where not recorded (the strong search, cached optima).
     """
 
-    densities: np.ndarray
-    compliance: np.ndarray
-    volume_fraction: np.ndarray
-    iterations: np.ndarray
-    converged: np.ndarray
-    winner: np.ndarray | None = None
+    densities: Float[np.ndarray, " batch *cells"]
+    compliance: Float[np.ndarray, " batch"]
+    volume_fraction: Float[np.ndarray, " batch"]
+    iterations: Int[np.ndarray, " batch"]
+    converged: Bool[np.ndarray, " batch"]
+    winner: Int[np.ndarray, " batch"] | None = None

@@ -32,7 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from sphyr_jax.fem import fea
+from sphyr_jax.fem.array_types import Densities, FlatDesigns, Penalty
+from sphyr_jax.fem.solvers import SolverLike
 from sphyr_jax.problem.loadcase import LoadCase
+from sphyr_jax.runtime import bounded_cache
 from sphyr_jax.topopt.budget import free_budget
 
 DEFAULT_FILTER_RADIUS = 1.2
@@ -61,13 +64,13 @@ class SimpOptions:
     move_limit: float = DEFAULT_MOVE_LIMIT
     tol: float = DEFAULT_TOLERANCE
     max_iterations: int = DEFAULT_MAX_ITERATIONS
-    solver: fea.Solver | str | None = None
+    solver: SolverLike = None
 
 
 DEFAULT_OPTIONS = SimpOptions()
 
 
-@functools.lru_cache(maxsize=32)
+@bounded_cache(maxsize=32)
 def cell_distances(cells: tuple[int, ...]) -> np.ndarray:
     """Centre-to-centre distances (nel, nel) of the cells of a 2D or 3D grid (row-major)."""
     coords = np.stack(np.unravel_index(np.arange(int(np.prod(cells))), cells), axis=1)
@@ -89,7 +92,7 @@ def filter_matrix(*cells_and_radius) -> np.ndarray:
     return np.maximum(0.0, radius - cell_distances(tuple(int(n) for n in cells)))
 
 
-def apply_filter(x: jax.Array, radius: float = DEFAULT_FILTER_RADIUS, ndim: int = 2
+def apply_filter(x: Densities, *, radius: float = DEFAULT_FILTER_RADIUS, ndim: int = 2
                  ) -> jax.Array:
     """Cone-filter designs (..., *cells): $\\tilde x = H x / (H \\mathbf{1})$."""
     shape = x.shape[-ndim:]
@@ -99,16 +102,17 @@ def apply_filter(x: jax.Array, radius: float = DEFAULT_FILTER_RADIUS, ndim: int 
     return out.reshape(x.shape)
 
 
-def physical_densities(x, design_mask, pinned, radius=DEFAULT_FILTER_RADIUS, ndim: int = 2):
+def physical_densities(x: Densities, design_mask, pinned, *,
+                       radius: float = DEFAULT_FILTER_RADIUS, ndim: int = 2) -> jax.Array:
     """Filtered design on design cells, pinned densities everywhere else."""
     full = jnp.where(design_mask, x, pinned)
-    return jnp.where(design_mask, apply_filter(full, radius, ndim), pinned)
+    return jnp.where(design_mask, apply_filter(full, radius=radius, ndim=ndim), pinned)
 
 
 def initial_design(load_case: LoadCase, warm_start=None):
     """Uniform budget on design cells (cold) or a clipped warm start."""
     free, _ = free_budget(load_case.design_mask, load_case.pinned, load_case.volume_fraction,
-                          load_case.ndim)
+                          ndim=load_case.ndim)
     axes = tuple(range(-load_case.ndim, 0))
     n_design = jnp.maximum(jnp.sum(load_case.design_mask, axis=axes), 1)
     uniform = (free / n_design).reshape(jnp.shape(n_design) + (1,) * load_case.ndim)
@@ -116,7 +120,8 @@ def initial_design(load_case: LoadCase, warm_start=None):
     return jnp.where(load_case.design_mask, start, load_case.pinned)
 
 
-def oc_update(x, dc, dv, design_mask, target_volume, const_volume, move_limit):
+def oc_update(x: FlatDesigns, dc: FlatDesigns, dv: FlatDesigns, design_mask, target_volume,
+              const_volume, *, move_limit: float) -> FlatDesigns:
     """Optimality-criteria step with a bisection on the volume multiplier.
 
     $x^{new}(\\lambda) = \\mathrm{clip}(x \\sqrt{-\\partial c / (\\lambda\\,\\partial V)},
@@ -229,7 +234,7 @@ def _problem(load_case: LoadCase, h, hs) -> _Problem:
     mask = _flat(jnp.asarray(load_case.design_mask, bool), load_case.ndim)
     pinned = _flat(jnp.asarray(load_case.pinned, jnp.float64), load_case.ndim)
     free, pinned_volume = free_budget(load_case.design_mask, load_case.pinned,
-                                      load_case.volume_fraction, load_case.ndim)
+                                      load_case.volume_fraction, ndim=load_case.ndim)
     target = pinned_volume + free
     # Volume of the physical design = sum_j dv_j x_j (design cells) + const.
     weights = jnp.einsum("bi,bij->bj", mask / hs, h)  # sum over design rows i of H_ij / hs_i
@@ -272,8 +277,8 @@ def init_state(load_case: LoadCase, x0=None) -> SimpState:
     )
 
 
-def run_segment(load_case: LoadCase, penal, state: SimpState, options: SimpOptions,
-                steps: int, radius=None) -> SimpState:
+def run_segment(load_case: LoadCase, penal: Penalty, state: SimpState, *,
+                options: SimpOptions, steps: int, radius=None) -> SimpState:
     """Advance every unfinished run by up to ``steps`` SIMP iterations.
 
     Pure and jit-able (``options`` and ``steps`` static; ``radius`` (B,) gives
@@ -290,7 +295,7 @@ def run_segment(load_case: LoadCase, penal, state: SimpState, options: SimpOptio
 
     def compliance_of(x):
         rho = jnp.where(prob.mask, _apply(h, hs, x), prob.pinned).reshape((nb,) + shape)
-        return fea.compliance(load_case, rho, penal, options.solver)
+        return fea.compliance(load_case, rho, penal=penal, solver=options.solver)
 
     def cond(carry):
         it, st = carry
@@ -300,7 +305,7 @@ def run_segment(load_case: LoadCase, penal, state: SimpState, options: SimpOptio
         it, st = carry
         c, dc = _value_and_grad(compliance_of, st.x)
         new = oc_update(st.x, dc, prob.dv, prob.mask, prob.target, prob.const_volume,
-                        options.move_limit)
+                        move_limit=options.move_limit)
         change = jnp.max(jnp.where(prob.mask, jnp.abs(new - st.x), 0.0), axis=-1)
         its = st.iterations + jnp.where(st.done, 0, 1)
         done = (st.done | (change < options.tol) | ~jnp.isfinite(c)
@@ -318,7 +323,7 @@ def run_segment(load_case: LoadCase, penal, state: SimpState, options: SimpOptio
     return state
 
 
-def finish(load_case: LoadCase, penal, state: SimpState, options: SimpOptions,
+def finish(load_case: LoadCase, penal: Penalty, state: SimpState, *, options: SimpOptions,
            radius=None) -> SimpResult:
     """Physical densities and compliance at the end of a batch of runs."""
     shape = load_case.shape
@@ -327,7 +332,7 @@ def finish(load_case: LoadCase, penal, state: SimpState, options: SimpOptions,
     prob = _problem(load_case, h, hs)
     rho = jnp.where(prob.mask, _apply(h, hs, state.x), prob.pinned).reshape((nb,) + shape)
     penal = jnp.broadcast_to(jnp.asarray(penal, jnp.float64), (nb,))
-    c = fea.compliance(load_case, rho, penal, options.solver)
+    c = fea.compliance(load_case, rho, penal=penal, solver=options.solver)
     return SimpResult(
         densities=rho,
         design=state.x.reshape((nb,) + shape),
@@ -339,8 +344,8 @@ def finish(load_case: LoadCase, penal, state: SimpState, options: SimpOptions,
 
 
 @functools.partial(jax.jit, static_argnames=("options",))
-def optimize(load_case: LoadCase, penal, x0=None, options: SimpOptions = DEFAULT_OPTIONS,
-             radius=None):
+def optimize(load_case: LoadCase, *, penal: Penalty, x0: Densities | None = None,
+             options: SimpOptions = DEFAULT_OPTIONS, radius=None) -> SimpResult:
     """Run SIMP on a batch of samples in one compiled loop.
 
     Every run iterates in lockstep until all are finished; for large,
@@ -360,6 +365,6 @@ def optimize(load_case: LoadCase, penal, x0=None, options: SimpOptions = DEFAULT
         A :class:`SimpResult`.
     """
     fea.require_x64()
-    state = run_segment(load_case, penal, init_state(load_case, x0), options,
-                        options.max_iterations, radius)
-    return finish(load_case, penal, state, options, radius)
+    state = run_segment(load_case, penal, init_state(load_case, x0), options=options,
+                        steps=options.max_iterations, radius=radius)
+    return finish(load_case, penal, state, options=options, radius=radius)

@@ -24,18 +24,20 @@ batched device call.  Settings: :class:`~sphyr_jax.topopt.options.StrongOptions`
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 
 from sphyr_jax.fem import fea
+from sphyr_jax.fem.array_types import Densities
 from sphyr_jax.problem.loadcase import LoadCase
 from sphyr_jax.sharding import batch_call
 from sphyr_jax.topopt import simp, strong_polish
 from sphyr_jax.topopt.budget import binarize, budget_limit, free_budget
-from sphyr_jax.topopt.options import DEFAULT_STRONG, StrongOptions
+from sphyr_jax.topopt.options import DEFAULT_STRONG, Progress, StrongOptions
 from sphyr_jax.topopt.result import OptimumResult
 
 HOPELESS = 10.0  # rounded designs this many times worse than the best are not polished
@@ -61,11 +63,12 @@ class Run:
 
 
 def _segment(load_case, penal, state, radius, *, options, steps):
-    return simp.run_segment(load_case, penal, state, options, steps, radius)
+    return simp.run_segment(load_case, penal, state, options=options, steps=steps,
+                            radius=radius)
 
 
 def _finish(load_case, penal, state, radius, *, options):
-    return simp.finish(load_case, penal, state, options, radius)
+    return simp.finish(load_case, penal, state, options=options, radius=radius)
 
 
 def _take(case_np: dict, idx) -> LoadCase:
@@ -83,16 +86,98 @@ def _host_init(case_np: dict, i: int, start_design):
     mask = case_np["design_mask"][i]
     pinned = case_np["pinned"][i]
     if start_design is None:
-        free, _ = free_budget(mask, pinned, case_np["volume_fraction"][i], 2)
+        free, _ = free_budget(mask, pinned, case_np["volume_fraction"][i], ndim=2)
         start = float(free) / max(int(mask.sum()), 1)
     else:
         start = np.clip(start_design, 1e-3, 1.0)
     return np.where(mask, start, pinned).reshape(-1)
 
 
-def run_simp_batch(load_case: LoadCase, runs: Sequence[Run], seeds=None,
-                   options: simp.SimpOptions = simp.DEFAULT_OPTIONS, pool: int = 128,
-                   segment: int = 25, progress=None,
+def _dependencies(runs: Sequence[Run]) -> tuple[dict[int, list[int]], deque[int]]:
+    """The continuation runs of each run, and the runs ready from the start."""
+    children: dict[int, list[int]] = {}
+    ready: deque[int] = deque()
+    for r, run in enumerate(runs):
+        if isinstance(run.start, int):
+            if not 0 <= run.start < r:
+                raise ValueError(f"run {r}: parent {run.start} must be an earlier run")
+            children.setdefault(run.start, []).append(r)
+        else:
+            ready.append(r)
+    return children, ready
+
+
+def _pool_ladder(n_runs: int, pool: int) -> list[int]:
+    """Slot counts the pool moves through, largest first (a power of two, /4, /16)."""
+    sizes = sorted({max(8, min(pool, 1 << max(0, (n_runs - 1).bit_length()))) // d
+                    for d in (1, 4, 16)} - {0}, reverse=True)
+    return [s for s in sizes if s >= 4] or [8]
+
+
+@dataclasses.dataclass
+class _SlotPool:
+    """The host's view of the slot pool: the run in each slot and its state.
+
+    Attributes:
+        run: the run index of each slot (-1: idle).
+        x: (slots, nel) design variables; its, change: (slots,) iterations and
+            last design change.
+    """
+
+    run: list[int]
+    x: np.ndarray
+    its: np.ndarray
+    change: np.ndarray
+
+    @classmethod
+    def empty(cls, size: int, nel: int) -> _SlotPool:
+        return cls([-1] * size, np.zeros((size, nel)), np.zeros(size, np.int32),
+                   np.full(size, np.inf))
+
+    def fill(self, ready: deque[int], start) -> None:
+        """Idle slots take the ready runs in order; ``start(r)`` is run r's first design."""
+        for k in range(len(self.run)):
+            if self.run[k] < 0 and ready:
+                r = ready.popleft()
+                self.run[k] = r
+                self.x[k] = start(r)
+                self.its[k] = 0
+                self.change[k] = np.inf
+
+    def busy(self) -> list[int]:
+        return [k for k in range(len(self.run)) if self.run[k] >= 0]
+
+    def shrink(self, size: int) -> None:
+        """Busy slots first, padded to ``size`` slots with copies of the first."""
+        busy = self.busy()
+        pad = size - len(busy)
+        self.x = np.concatenate([self.x[busy], np.repeat(self.x[busy][:1], pad, 0)])
+        self.its = np.concatenate([self.its[busy], np.repeat(self.its[busy][:1], pad)])
+        self.change = np.concatenate([self.change[busy],
+                                      np.repeat(self.change[busy][:1], pad)])
+        self.run = [self.run[k] for k in busy] + [-1] * pad
+
+    def runs_or_filler(self) -> list[int]:
+        """Each slot's run; idle slots repeat the first busy slot's (a well-posed filler)."""
+        filler = self.run[self.busy()[0]]
+        return [r if r >= 0 else filler for r in self.run]
+
+    def state(self) -> simp.SimpState:
+        idle = np.array([r < 0 for r in self.run])
+        return simp.SimpState(x=self.x, iterations=self.its, done=idle, change=self.change)
+
+    def advance(self, state: simp.SimpState) -> list[int]:
+        """Take the state after a segment; return the slots whose runs finished."""
+        self.x = np.array(state.x)
+        self.its = np.array(state.iterations)
+        self.change = np.array(state.change)
+        done = np.array(state.done)
+        return [k for k in range(len(self.run)) if self.run[k] >= 0 and done[k]]
+
+
+def run_simp_batch(load_case: LoadCase, runs: Sequence[Run], seeds: Densities | None = None,
+                   *, options: simp.SimpOptions = simp.DEFAULT_OPTIONS, pool: int = 128,
+                   segment: int = 25, progress: Callable[[int, int], None] | None = None,
                    num_devices: int | None = None) -> simp.SimpResult:
     """Run many SIMP runs over a slot pool that refills as runs finish.
 
@@ -122,96 +207,57 @@ def run_simp_batch(load_case: LoadCase, runs: Sequence[Run], seeds=None,
     n_runs = len(runs)
     if n_runs == 0:
         raise ValueError("no runs")
-    children: dict[int, list[int]] = {}
-    ready: deque[int] = deque()
-    for r, run in enumerate(runs):
-        if isinstance(run.start, int):
-            if not 0 <= run.start < r:
-                raise ValueError(f"run {r}: parent {run.start} must be an earlier run")
-            children.setdefault(run.start, []).append(r)
-        else:
-            ready.append(r)
+    children, ready = _dependencies(runs)
     radii = np.array([options.filter_radius if run.radius is None else run.radius
                       for run in runs])
-    final_x = np.zeros((n_runs, nel))
+    final_x = np.zeros((n_runs, nel))  # by run, once finished
     final_its = np.zeros(n_runs, np.int32)
     final_change = np.full(n_runs, np.inf)
-
-    sizes = sorted({max(8, min(pool, 1 << max(0, (n_runs - 1).bit_length()))) // d
-                    for d in (1, 4, 16)} - {0}, reverse=True)
-    sizes = [s for s in sizes if s >= 4] or [8]
-    size = sizes[0]
-    slot_run = [-1] * size
-    x = np.zeros((size, nel))
-    its = np.zeros(size, np.int32)
-    change = np.full(size, np.inf)
-    finished = 0
 
     def start_design(r):
         run = runs[r]
         if run.start == "cold":
-            return None
-        if run.start == "seed":
+            design = None
+        elif run.start == "seed":
             if seeds is None:
                 raise ValueError("a run starts from a seed but no seeds were given")
-            return np.asarray(seeds[run.sample], np.float64)
-        parent = run.start
-        i = runs[parent].sample
-        return _host_physical(final_x[parent].reshape(shape), case_np["design_mask"][i],
-                              case_np["pinned"][i], radii[parent])
+            design = np.asarray(seeds[run.sample], np.float64)
+        else:
+            parent = run.start
+            i = runs[parent].sample
+            design = _host_physical(final_x[parent].reshape(shape), case_np["design_mask"][i],
+                                    case_np["pinned"][i], radii[parent])
+        return _host_init(case_np, run.sample, design)
 
+    sizes = _pool_ladder(n_runs, pool)
+    slots = _SlotPool.empty(sizes[0], nel)
+    finished = 0
     while True:
-        for k in range(size):
-            if slot_run[k] < 0 and ready:
-                r = ready.popleft()
-                slot_run[k] = r
-                x[k] = _host_init(case_np, runs[r].sample, start_design(r))
-                its[k] = 0
-                change[k] = np.inf
-        active = [k for k in range(size) if slot_run[k] >= 0]
-        if not active:
+        slots.fill(ready, start_design)
+        busy = slots.busy()
+        if not busy:
             break
-        smaller = [s for s in sizes if s < size and s >= len(active)]
+        smaller = [s for s in sizes if s < len(slots.run) and s >= len(busy)]
         if not ready and smaller:
-            new = smaller[-1]
-            x, its, change = x[active], its[active], change[active]
-            slot_run = [slot_run[k] for k in active]
-            pad = new - len(active)
-            x = np.concatenate([x, np.repeat(x[:1], pad, 0)])
-            its = np.concatenate([its, np.repeat(its[:1], pad)])
-            change = np.concatenate([change, np.repeat(change[:1], pad)])
-            slot_run += [-1] * pad
-            size = new
-            active = list(range(len(active)))
-        idle = np.array([r < 0 for r in slot_run])
-        filler = slot_run[active[0]]
-        samples = np.array([runs[r if r >= 0 else filler].sample for r in slot_run])
-        penal = np.array([runs[r if r >= 0 else filler].penal for r in slot_run])
-        pool_case = _take(case_np, samples)
-        state = simp.SimpState(x=x, iterations=its, done=idle, change=change)
-        radius = np.array([radii[r if r >= 0 else filler] for r in slot_run])
-        state = batch_call(_segment, pool_case, penal, state, radius, options=options,
-                           steps=segment, num_devices=num_devices)
-        x = np.array(state.x)
-        its = np.array(state.iterations)
-        change = np.array(state.change)
-        done = np.array(state.done)
-        for k in range(size):
-            r = slot_run[k]
-            if r >= 0 and done[k]:
-                final_x[r] = x[k]
-                final_its[r] = its[k]
-                final_change[r] = change[k]
-                slot_run[k] = -1
-                finished += 1
-                ready.extend(children.get(r, []))
-                if progress is not None:
-                    progress(finished, n_runs)
+            slots.shrink(smaller[-1])
+        ids = slots.runs_or_filler()
+        state = batch_call(_segment, _take(case_np, np.array([runs[r].sample for r in ids])),
+                           np.array([runs[r].penal for r in ids]), slots.state(),
+                           np.array([radii[r] for r in ids]), options=options, steps=segment,
+                           num_devices=num_devices)
+        for k in slots.advance(state):
+            r = slots.run[k]
+            final_x[r], final_its[r], final_change[r] = slots.x[k], slots.its[k], slots.change[k]
+            slots.run[k] = -1
+            finished += 1
+            ready.extend(children.get(r, []))
+            if progress is not None:
+                progress(finished, n_runs)
 
     cases = _take(case_np, np.array([run.sample for run in runs]))
     penal = np.array([run.penal for run in runs])
-    state = simp.SimpState(x=final_x, iterations=final_its,
-                           done=np.ones(n_runs, bool), change=final_change)
+    state = simp.SimpState(x=final_x, iterations=final_its, done=np.ones(n_runs, bool),
+                           change=final_change)
     res = batch_call(_finish, cases, penal, state, radii, options=options,
                      num_devices=num_devices)
     return jax.tree.map(np.asarray, res)
@@ -244,9 +290,9 @@ _score = jax.jit(fea.compliance, static_argnames=("solver",))
 _binarize = jax.jit(binarize)
 
 
-def strong_optimum_batch(load_case: LoadCase, seeds=None,
+def strong_optimum_batch(load_case: LoadCase, seeds: Densities | None = None, *,
                          options: StrongOptions = DEFAULT_STRONG,
-                         progress=None) -> OptimumResult:
+                         progress: Progress | None = None) -> OptimumResult:
     """Strong-search optima of many 2D samples (different loads, masks and budgets).
 
     Args:
@@ -271,37 +317,19 @@ def strong_optimum_batch(load_case: LoadCase, seeds=None,
                          "optimum_batch(..., yardstick='strong') runs the voxel yardstick")
     case_np = jax.tree.map(np.asarray, load_case)
     nb = case_np.load_mask.shape[0]
-    shape = load_case.shape
-    nel = shape[0] * shape[1]
-    mask = case_np.design_mask
-    pinned = case_np.pinned
+    mask, pinned = case_np.design_mask, case_np.pinned
     seeds = pinned if seeds is None else np.where(mask, np.clip(seeds, 0.0, 1.0), pinned)
-    solver = options.simp.solver
 
     runs = _standard_runs(nb, options.penal_schedule, options.penal, options.extra_chain_radius)
-    per = len(runs) // nb
     sim = run_simp_batch(
-        case_np, runs, seeds, options.simp, options.pool, options.segment,
+        case_np, runs, seeds, options=options.simp, pool=options.pool,
+        segment=options.segment,
         progress=None if progress is None else (lambda d, t: progress("simp", d, t)),
         num_devices=options.num_devices,
     )
-    iterations = sim.iterations.reshape(nb, per).sum(axis=1)
-    converged = sim.converged.reshape(nb, per).all(axis=1)
-
-    # Candidates: every run's physical design and the seed, then their roundings.
-    continuous = np.concatenate([sim.densities.reshape((nb, per) + shape),
-                                 seeds[:, None]], axis=1)  # (B, K, ...)
-    k = continuous.shape[1]
-    free = np.asarray(free_budget(case_np.design_mask, case_np.pinned,
-                                  case_np.volume_fraction, 2)[0])
-    rounded = np.asarray(_binarize(continuous, mask[:, None], pinned[:, None],
-                                   free[:, None]))
-    candidates = np.concatenate([continuous, rounded], axis=1)  # (B, 2K, ...)
-    scores = np.asarray(_score(case_np, candidates.transpose(1, 0, 2, 3),
-                               options.penal, solver)).T  # (B, 2K)
-    budget = budget_limit(case_np.volume_fraction, nel)
-    within = candidates.sum(axis=(-2, -1)) <= budget[:, None]
-    scores = np.where(within, scores, np.inf)
+    per = len(runs) // nb
+    budget = budget_limit(case_np.volume_fraction, math.prod(load_case.shape))
+    candidates, scores = _scored_candidates(case_np, sim, seeds, budget, options)
     best = np.argmin(scores, axis=1)
     best_c = scores[np.arange(nb), best]
     best_x = candidates[np.arange(nb), best]
@@ -309,45 +337,76 @@ def strong_optimum_batch(load_case: LoadCase, seeds=None,
     # Descent polish of the rounding of the best candidate and of the best
     # distinct rounded designs (hopeless ones skipped), then a tabu search
     # from each sample's best polished design.
-    owner, starts = [], []
-    for i in range(nb):
-        chosen: list[np.ndarray] = []
-        first = best[i] if best[i] >= k else best[i] + k  # rounding of the best
-        limit = HOPELESS * np.min(scores[i, k:])
-        for j in [first] + list(np.argsort(scores[i, k:]) + k):
-            if len(chosen) >= options.polish_starts:
-                break
-            cand = candidates[i, j]
-            if scores[i, j] <= limit and not any(np.array_equal(cand, c) for c in chosen):
-                chosen.append(cand)
-        owner += [i] * len(chosen)
-        starts += chosen
-    owner = np.asarray(owner, np.int64)
-    best_x, best_c = _keep_best(best_x, best_c, owner, starts, case_np, budget, options,
-                                solver, tabu=0)
+    owner, starts = _polish_starts(candidates, scores, best, options.polish_starts)
+    best_x, best_c = _keep_best(best_x, best_c, owner, starts, case_np, budget, options, tabu=0)
     if progress is not None:
         progress("polish", nb, nb)
     if options.tabu_passes > 0:
         best_x, best_c = _keep_best(best_x, best_c, np.arange(nb), list(best_x), case_np,
-                                    budget, options, solver, tabu=options.tabu_passes)
+                                    budget, options, tabu=options.tabu_passes)
         if progress is not None:
             progress("tabu", nb, nb)
     return OptimumResult(
         densities=best_x,
         compliance=best_c,
         volume_fraction=best_x.mean(axis=(-2, -1)),
-        iterations=iterations,
-        converged=converged,
+        iterations=sim.iterations.reshape(nb, per).sum(axis=1),
+        converged=sim.converged.reshape(nb, per).all(axis=1),
     )
 
 
-def _keep_best(best_x, best_c, owner, starts, case_np, budget, options, solver, tabu):
+def _scored_candidates(case_np: LoadCase, sim: simp.SimpResult, seeds, budget,
+                       options: StrongOptions):
+    """Every run's physical design and the seed, then their 0/1 roundings, (B, 2K, ...),
+    and their compliances at ``options.penal`` (B, 2K), +inf over ``budget`` (B,)."""
+    nb = case_np.load_mask.shape[0]
+    shape = case_np.load_mask.shape[1:]
+    mask, pinned = case_np.design_mask, case_np.pinned
+    continuous = np.concatenate([sim.densities.reshape((nb, -1) + shape),
+                                 seeds[:, None]], axis=1)  # (B, K, ...)
+    free = np.asarray(free_budget(mask, pinned, case_np.volume_fraction, ndim=2)[0])
+    rounded = np.asarray(_binarize(continuous, mask[:, None], pinned[:, None],
+                                   free[:, None]))
+    candidates = np.concatenate([continuous, rounded], axis=1)  # (B, 2K, ...)
+    scores = np.asarray(_score(case_np, candidates.transpose(1, 0, 2, 3),
+                               penal=options.penal, solver=options.simp.solver)).T  # (B, 2K)
+    within = candidates.sum(axis=(-2, -1)) <= budget[:, None]
+    return candidates, np.where(within, scores, np.inf)
+
+
+def _polish_starts(candidates, scores, best, count: int):
+    """The designs each sample's polish starts from: the rounding of its best
+    candidate, then its best distinct rounded candidates, at most ``count``,
+    none :data:`HOPELESS`-ly worse than the best rounding.
+
+    Returns:
+        (owner (P,): the sample of each start, starts: list of P designs).
+    """
+    k = candidates.shape[1] // 2  # candidates [k:] are the roundings of [:k]
+    owner, starts = [], []
+    for i in range(candidates.shape[0]):
+        chosen: list[np.ndarray] = []
+        first = best[i] if best[i] >= k else best[i] + k  # rounding of the best
+        limit = HOPELESS * np.min(scores[i, k:])
+        for j in [first] + list(np.argsort(scores[i, k:]) + k):
+            if len(chosen) >= count:
+                break
+            cand = candidates[i, j]
+            if scores[i, j] <= limit and not any(np.array_equal(cand, c) for c in chosen):
+                chosen.append(cand)
+        owner += [i] * len(chosen)
+        starts += chosen
+    return np.asarray(owner, np.int64), starts
+
+
+def _keep_best(best_x, best_c, owner, starts, case_np, budget, options, tabu):
     """Polish ``starts`` (of samples ``owner``) and keep any within-budget improvement."""
     if not len(starts):
         return best_x, best_c
     res = strong_polish.polish(
-        jax.tree.map(lambda a: a[owner], case_np), np.stack(starts), options.polish_passes,
-        solver, num_devices=options.num_devices, tabu=tabu, tenure=options.tabu_tenure,
+        jax.tree.map(lambda a: a[owner], case_np), np.stack(starts),
+        max_passes=options.polish_passes, solver=options.simp.solver,
+        num_devices=options.num_devices, tabu=tabu, tenure=options.tabu_tenure,
     )
     best_x, best_c = best_x.copy(), best_c.copy()
     for j, i in enumerate(owner):
@@ -355,5 +414,3 @@ def _keep_best(best_x, best_c, owner, starts, case_np, budget, options, solver, 
         if c < best_c[i] and x.sum() <= budget[i]:
             best_x[i], best_c[i] = x, c
     return best_x, best_c
-
-

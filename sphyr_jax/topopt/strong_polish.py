@@ -27,8 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sphyr_jax.fem import _small, fea, structured
+from sphyr_jax.fem import fea, small_spd, structured
+from sphyr_jax.fem.array_types import Densities
 from sphyr_jax.fem.linear_solve import chunked
+from sphyr_jax.fem.solvers import AbstractFactorSolver, SolverLike, SolverName, as_factor_solver
 from sphyr_jax.problem.loadcase import LoadCase
 from sphyr_jax.sharding import batch_call
 from sphyr_jax.topopt import swaps
@@ -142,9 +144,9 @@ def _bucket(v: int, smallest: int) -> int:
         size *= 2
 
 
-def _exact(load_case, x):
+def _exact(load_case, x, factor):
     """Factor, displacements (B, n) and compliance of designs (B, nel) at p = 3."""
-    fac, u, _, c = swaps.exact(load_case, x, 3.0)
+    fac, u, _, c = swaps.exact(load_case, x, penal=3.0, factor=factor)
     return fac, u.T, c
 
 
@@ -156,9 +158,9 @@ def _swap_inverse(amat, k):
     $A^{-1} = [[S^{-1}, -S^{-1} Q R^{-1}], [\cdot^T, R^{-1} + R^{-1} Q^T S^{-1} Q R^{-1}]]$.
     """
     p, q, r = amat[:, :k, :k], amat[:, :k, k:], amat[:, k:, k:]
-    r_inv = _small.spd_inverse(r)
+    r_inv = small_spd.spd_inverse(r)
     qr = q @ r_inv
-    s_inv = -_small.spd_inverse(-(p - qr @ q.transpose(0, 2, 1)))
+    s_inv = -small_spd.spd_inverse(-(p - qr @ q.transpose(0, 2, 1)))
     top_right = -s_inv @ qr
     bottom_right = r_inv + qr.transpose(0, 2, 1) @ s_inv @ qr
     return jnp.concatenate([
@@ -184,7 +186,7 @@ def _modal(grid, modes, vec, cells, ok):
     return out * ok.reshape(ok.shape + (1,) * (out.ndim - 2))
 
 
-def _init(load_case: LoadCase, x0, *, sizes):
+def _init(load_case: LoadCase, x0, *, sizes, factor: AbstractFactorSolver):
     """Exact solve of the start designs and their modal flexibility $\\Phi$.
 
     $\\Phi_{ij} = V^T Z_{ij} V$ needs $Z = \\tilde K^{-1}$ only on the design
@@ -199,7 +201,7 @@ def _init(load_case: LoadCase, x0, *, sizes):
     modes = jnp.asarray(swaps.modes(shape)[0])
     nk = modes.shape[1]
     x = x0.reshape(nb, -1)
-    fac, u, c = _exact(load_case, x)
+    fac, u, c = _exact(load_case, x, factor)
     cells, ok = _cells_of(load_case, n_cells)
     edofs = jnp.asarray(structured.element_dofs(grid))[cells]  # (B, F, 8)
     # Design DOFs: free DOFs of valid design cells, listed first in DOF order.
@@ -219,7 +221,7 @@ def _init(load_case: LoadCase, x0, *, sizes):
 
     def gram(fc, cl, co):  # one chunk, batch last: Z_D (D, D, b)
         rhs = jax.nn.one_hot(cl.T, n, dtype=jnp.float64) * co.T[..., None]
-        y = jnp.moveaxis(swaps.FACTOR.forward(grid, fc, rhs.transpose(2, 1, 0)), -1, 0)
+        y = jnp.moveaxis(factor.forward(grid, fc, rhs.transpose(2, 1, 0)), -1, 0)
         return jnp.moveaxis(jnp.einsum("bni,bnj->bij", y, y), 0, -1)
 
     chunk = max(1, _RHS_PER_CHUNK // n_dofs_d)
@@ -239,7 +241,8 @@ def _init(load_case: LoadCase, x0, *, sizes):
                   stall=zeros, done=~jnp.isfinite(c), swaps=zeros)
 
 
-def _segment(load_case: LoadCase, st: _State, *, sizes, passes, tabu, tenure):
+def _segment(load_case: LoadCase, st: _State, *, sizes, passes, tabu, tenure,
+             factor: AbstractFactorSolver):
     """``passes`` polish passes; with ``tabu`` > 0 the search goes on past local
     optima (best admissible swap, recently moved cells tabu for ``tenure``
     passes unless the swap beats the best design) for ``tabu`` passes without
@@ -285,7 +288,7 @@ def _segment(load_case: LoadCase, st: _State, *, sizes, passes, tabu, tenure):
         pc = jnp.take_along_axis(st.phi, cols[:, None, :], axis=2)  # (B, 5F, 10)
         amat = jnp.diag(d_inv)[None] + jnp.take_along_axis(pc, cols[:, :, None], axis=1)
         phi = st.phi - pc @ _swap_inverse(amat, nk) @ pc.transpose(0, 2, 1)
-        _, u, c = _exact(load_case, x)
+        _, u, c = _exact(load_case, x, factor)
         # Pure descent keeps a swap only if the exact solve confirms it; the
         # tabu phase keeps every swap and remembers the best design.
         accept = move & ((c < st.c) | (tabu > 0)) & jnp.isfinite(c)
@@ -311,7 +314,7 @@ def _segment(load_case: LoadCase, st: _State, *, sizes, passes, tabu, tenure):
     return jax.lax.fori_loop(0, passes, one_pass, st)
 
 
-def bucket_ladder(n: int, factor: int = 4, smallest: int = 8) -> list[int]:
+def bucket_ladder(n: int, *, factor: int = 4, smallest: int = 8) -> list[int]:
     """Batch sizes a shrinking batch moves through: a power of two >= n, then /factor."""
     top = max(smallest, 1 << max(0, (n - 1).bit_length()))
     sizes = [top]
@@ -327,10 +330,10 @@ def _take(tree, idx):
 _take_jit = jax.jit(_take)
 
 
-def polish(load_case: LoadCase, designs, max_passes: int = DEFAULT_MAX_PASSES,
-           solver=None, passes_per_call: int = 2,
-           num_devices: int | None = None, tabu: int = 0,
-           tenure: int = DEFAULT_TENURE) -> PolishResult:
+def polish(load_case: LoadCase, designs: Densities, *, max_passes: int = DEFAULT_MAX_PASSES,
+           solver: SolverLike = None, passes_per_call: int = 2,
+           num_devices: int | None = None, tabu: int = 0, tenure: int = DEFAULT_TENURE,
+           factor: AbstractFactorSolver | SolverName = swaps.FACTOR) -> PolishResult:
     """Best-improvement single-swap polish of 0/1 designs, batched.
 
     Args:
@@ -339,6 +342,9 @@ def polish(load_case: LoadCase, designs, max_passes: int = DEFAULT_MAX_PASSES,
             their values and never change).
         max_passes: bound on swaps per design.
         solver: used for the final exact compliance (None: the grid's default).
+        factor: the factorising solver whose factor the swap scores use
+            (a name or an object; the iterative solvers keep no factor and are
+            refused with a ``TypeError``).
         passes_per_call: passes per device call (finished designs leave the
             batch between calls, which shrinks through :func:`bucket_ladder`).
         num_devices: devices the batch is split over (None: all local).
@@ -350,6 +356,7 @@ def polish(load_case: LoadCase, designs, max_passes: int = DEFAULT_MAX_PASSES,
         A :class:`PolishResult` (NumPy arrays); compliance at p = 3.
     """
     fea.require_x64()
+    factor = as_factor_solver(factor, load_case.shape)
     case_np = jax.tree.map(np.asarray, load_case)
     x0 = np.asarray(designs, np.float64)
     nb = x0.shape[0]
@@ -360,12 +367,13 @@ def polish(load_case: LoadCase, designs, max_passes: int = DEFAULT_MAX_PASSES,
     ladder = bucket_ladder(nb)
     active = np.arange(nb)
     idx = np.resize(active, ladder[0])  # pad by repeating real designs
-    st = batch_call(_init, _take(case_np, idx), x0[idx], sizes=sizes, num_devices=num_devices)
+    st = batch_call(_init, _take(case_np, idx), x0[idx], sizes=sizes, factor=factor,
+                    num_devices=num_devices)
     passes = 0
     while passes < max_passes:
         step = min(passes_per_call, max_passes - passes)
         st = batch_call(_segment, _take(case_np, idx), st, sizes=sizes, passes=step,
-                        tabu=tabu, tenure=tenure, num_devices=num_devices)
+                        tabu=tabu, tenure=tenure, factor=factor, num_devices=num_devices)
         passes += step
         n = len(active)
         done = np.asarray(st.done)[:n]
@@ -381,5 +389,5 @@ def polish(load_case: LoadCase, designs, max_passes: int = DEFAULT_MAX_PASSES,
             st = _take_jit(st, sel)
             idx = np.resize(active, size)
     rho = out_x.reshape(x0.shape)
-    c = np.asarray(fea.compliance(case_np, rho, 3.0, solver))
+    c = np.asarray(fea.compliance(case_np, rho, penal=3.0, solver=solver))
     return PolishResult(densities=rho, compliance=c, swaps=out_swaps)

@@ -41,22 +41,29 @@ Arrays are batch-first; designs are flattened to (B, nel) inside.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from sphyr_jax.fem import fea
-from sphyr_jax.fem.solvers import Banded, Multigrid
+from sphyr_jax.fem.array_types import Densities
+from sphyr_jax.fem.solvers import AbstractSolver, Banded, Multigrid
 from sphyr_jax.fem.structured import get_grid
 from sphyr_jax.problem.loadcase import LoadCase, fix_samples
+from sphyr_jax.runtime import bounded_cache
 from sphyr_jax.sharding import batch_call, device_count
 from sphyr_jax.topopt import yardstick_polish
 from sphyr_jax.topopt.budget import budget_limit, free_budget, round_to_budget
-from sphyr_jax.topopt.options import DEFAULT_REFERENCE, ReferenceOptions, grid_options
+from sphyr_jax.topopt.options import (
+    DEFAULT_REFERENCE,
+    Progress,
+    ReferenceOptions,
+    grid_options,
+)
 from sphyr_jax.topopt.result import OptimumResult
 
 BUCKETS = (1, 4, 16, 64)  # samples per compiled program (padded inside)
@@ -71,7 +78,7 @@ BISECTION_BRACKET = (1e-9, 1e9)
 # Pieces (pure JAX, batch-first, flat designs (..., nel)).
 
 
-@functools.lru_cache(maxsize=16)
+@bounded_cache(maxsize=16)
 def filter_stencil(shape: tuple[int, ...], radius: float):
     """Cone filter as a stencil: neighbour indices and weights (nel, K).
 
@@ -125,7 +132,7 @@ def _pow(x, e):
     return jax.lax.cond(small, exact, general, x, jnp.broadcast_to(e, jnp.shape(x)))
 
 
-def simp_solver(shape: tuple[int, ...]):
+def simp_solver(shape: tuple[int, ...]) -> tuple[AbstractSolver, bool]:
     """The solver of the SIMP steps on a grid: (solver, iterative).
 
     2D grids: the banded factorisation wherever it runs on LAPACK (CPU
@@ -134,11 +141,12 @@ def simp_solver(shape: tuple[int, ...]):
     voxel grids: the multigrid CG to a relative residual of
     :data:`SIMP_SOLVE_TOL`, each step starting from the slot's previous
     displacements (a SIMP step changes the design a little, so fewer
-    iterations are needed).  Measured on SIMP designs, one sample's pool of
-    4 slots on a 2-core CPU, ms per pass: XLA banded / warm multigrid 5.0 /
-    11.8 at 20x20, 16.4 / 17.4 at 30x30, 36 / 24 at 40x40, 168 / 48 at 60x60;
-    LAPACK costs about 0.45, 1.3 and 3.2 ms per *running* slot at 20x20, 30x30
-    and 40x40 (a slot without a run costs nothing, see :func:`_energies`).
+    iterations are needed).  The XLA banded factorisation costs
+    $O(n b^2)$ per solve, $b \\approx 2 n_{elx}$, so it grows as $n_{elx}^4$
+    on square grids while a multigrid iteration grows as $n_{elx}^2$, which
+    sets the crossover; with LAPACK only the slots running a run pay a
+    factorisation (a slot without a run costs nothing, see :func:`_energies`).
+    ``benchmarks/scaling.py`` times the three methods per solve and grid size.
     """
     if len(shape) == 2 and (math.prod(shape) < SIMP_MULTIGRID_CELLS
                             or Banded().uses_lapack(get_grid(shape))):
@@ -155,12 +163,13 @@ def _energies(case: LoadCase, x, penal, live, u0=None):
     shape = case.shape
     solver, _ = simp_solver(shape)
     case = fix_samples(case, live)
-    sol = fea.solve(case, x.reshape((-1,) + shape), penal, solver, x0=u0, keep_factor=False)
+    sol = fea.solve(case, x.reshape((-1,) + shape), penal=penal, solver=solver, x0=u0,
+                    keep_factor=False)
     e = fea.element_strain_energy(case, sol.displacements)
     return sol.compliance, e.reshape(x.shape), sol.displacements
 
 
-def multiplier_threshold(scaled, x, mask, dv, target, rest, move, max_steps: int = 100):
+def multiplier_threshold(scaled, x, mask, dv, target, rest, move, *, max_steps: int = 100):
     r"""Where the published bisection's volume test changes sign, per slot (S,).
 
     The optimality-criteria design at multiplier $\lambda$ is
@@ -281,7 +290,7 @@ _KINDS = ((0, -1, 0), (1, 0, 2), (2, 1, 2), (1, -1, 0), (2, -1, 0), (3, -1, 1))
 _DESIGN_KINDS = (0, 3, 4, 0, 1, 2, -1, 5)  # the 8 published designs (-1: the seed)
 
 
-def slot_count(n_samples: int, ndim: int = 2) -> int:
+def slot_count(n_samples: int, *, ndim: int = 2) -> int:
     """Slots of the SIMP pool for a batch.
 
     2D: one per sample, at least four.  Voxel grids: two per sample — the
@@ -301,10 +310,10 @@ def pool_sizes(n_slots: int) -> tuple[int, ...]:
     into one and the stragglers stop paying for finished slots.  A run's
     arithmetic does not depend on the pool around it (the solves and the
     optimality-criteria steps are per slot), so its result is the same.  Each
-    pool size is another copy of the SIMP step in the program: on voxel grids
-    (multigrid CG) shrinking 8 slots to 2 saved no time (``validate
-    --subject=full_easy_3d`` warm: 29 s either way) and cost 6 s of
-    compilation and 300 MB, while 16 slots to 4 saved 10%.
+    pool size is another copy of the SIMP step in the program (compilation
+    time and memory), so small pools do not shrink: a smaller pool pays only
+    when it saves many slots' solves (``benchmarks/optimum3d.py`` measures
+    the voxel yardstick's time and memory).
     """
     out = [n_slots]
     while out[-1] // 4 >= 4:
@@ -317,6 +326,146 @@ def _compact(st: dict, size: int) -> dict:
     order = jnp.argsort(st["run"] < 0, stable=True)[:size]
     slot_keys = ("run", "x", "phys", "its", "u")
     return {k: (v[order] if k in slot_keys else v) for k, v in st.items()}
+
+
+class _Samples(NamedTuple):
+    """What the SIMP runs of each sample need, derived once (batch-first, flat)."""
+
+    mask: jax.Array  # (B, nel) design cells (L/S cells excluded)
+    pinned: jax.Array  # (B, nel) densities off the design cells (L/S solid)
+    budget: jax.Array  # (B,) material left for the design cells
+    target: jax.Array  # (B,) volume target of the whole grid
+    seed: jax.Array  # (B, nel) the seed design
+    uniform: jax.Array  # (B, nel) the cold start: the budget spread evenly
+    dv: jax.Array  # (B, nel) volume weights: the physical volume is dv . x + rest
+    rest: jax.Array  # (B,) physical volume off the design cells
+
+
+def _samples(case: LoadCase, seed, hs, stencil) -> _Samples:
+    nb = case.load_mask.shape[0]
+    nel = hs.shape[0]
+    structural = (case.load_mask | case.support_mask).reshape(nb, nel)
+    mask = case.design_mask.reshape(nb, nel) & ~structural
+    pinned = jnp.where(structural, 1.0, jnp.clip(case.pinned.reshape(nb, nel), 0.0, 1.0))
+    budget, pinned_volume = free_budget(mask, pinned, case.volume_fraction)
+    uniform = jnp.where(mask, (budget / jnp.maximum(jnp.sum(mask, axis=-1), 1))[:, None], pinned)
+    # Volume of the physical design is linear in the design: sum_j dv_j x_j + rest.
+    dv = apply_stencil(mask / hs, *stencil)
+    return _Samples(
+        mask=mask, pinned=pinned, budget=budget, target=pinned_volume + budget,
+        seed=jnp.where(mask, jnp.clip(seed, 0.0, 1.0), pinned), uniform=uniform, dv=dv,
+        rest=jnp.sum(jnp.where(mask, 0.0, dv * pinned + pinned), axis=-1))
+
+
+class _Runs(NamedTuple):
+    """The SIMP runs of a batch (run ``k * B + i`` is kind ``k`` of sample ``i``)."""
+
+    sample: jax.Array  # (R,) the sample of each run
+    parent: jax.Array  # (R,) the run it continues (-1: none)
+    penal: jax.Array  # (R,) its penalty
+    start: jax.Array  # (R,) 0: cold, 1: the seed, 2: the parent's physical densities
+
+
+def _runs(nb: int, schedule, penal) -> _Runs:
+    kinds = np.asarray(_KINDS)
+    run_kind = jnp.asarray(np.repeat(np.arange(len(_KINDS)), nb))
+    parent = np.where(kinds[:, 1] >= 0, kinds[:, 1], 0)[:, None] * nb + np.arange(nb)
+    pens = jnp.asarray(tuple(schedule) + (penal,), jnp.float64)
+    return _Runs(
+        sample=jnp.asarray(np.tile(np.arange(nb), len(_KINDS))),
+        parent=jnp.asarray(np.where(kinds[:, 1:2] >= 0, parent, -1).reshape(-1)),
+        penal=pens[jnp.asarray(kinds[:, 0])][run_kind],
+        start=jnp.asarray(kinds[:, 2])[run_kind])
+
+
+def _assign(st: dict, runs: _Runs, smp: _Samples) -> dict:
+    """Idle slots of the pool take the ready runs, in priority order."""
+    n_runs = runs.sample.shape[0]
+    status = st["status"]
+    parent_done = jnp.where(runs.parent >= 0, status[jnp.maximum(runs.parent, 0)] == 2, True)
+    ready = (status == 0) & parent_done
+    idle = st["run"] < 0
+    slot_rank = jnp.cumsum(idle) - 1
+    run_rank = jnp.cumsum(ready) - 1
+    match = ready[None, :] & (run_rank[None, :] == slot_rank[:, None]) & idle[:, None]
+    take = jnp.any(match, axis=1)
+    new = jnp.argmax(match, axis=1)
+    sample = runs.sample[new]
+    parent = st["out"][jnp.maximum(runs.parent[new], 0)]
+    cold = (runs.start[new] == 0)[:, None]
+    start = jnp.where(cold, smp.uniform[sample],
+                      jnp.where((runs.start[new] == 1)[:, None], smp.seed[sample], parent))
+    start = jnp.where(smp.mask[sample], jnp.clip(start, 1e-3, 1.0), smp.pinned[sample])
+    start = jnp.where(cold, smp.uniform[sample], start)
+    keep = ~take[:, None]
+    warm = {} if "u" not in st else {"u": jnp.where(keep, st["u"], 0.0)}
+    return {
+        **st,
+        **warm,
+        "run": jnp.where(take, new, st["run"]),
+        "x": jnp.where(keep, st["x"], start),
+        "phys": jnp.where(keep, st["phys"], start),  # the first solve is unfiltered
+        "its": jnp.where(take, 0, st["its"]),
+        "status": status.at[jnp.where(take, new, n_runs)].set(1, mode="drop"),
+    }
+
+
+def _oc_step(x, dc, live, m, p, dvs, tgt, rst, *, move, stencil, hs):
+    """The published optimality-criteria step of each slot: (design, physical design)."""
+    # x sqrt(B / mid) as (x sqrt(B)) / sqrt(mid): one square root per slot
+    # and step of the bisection rather than one per cell.
+    scaled = x * jnp.sqrt(jnp.maximum(-dc, 0.0) / jnp.maximum(dvs, 1e-12))
+
+    def design_at(mid):
+        cand = jnp.clip(scaled / jnp.sqrt(mid)[:, None], x - move, x + move)
+        return jnp.where(m, jnp.clip(cand, 0.0, 1.0), p)
+
+    def volume(mid):
+        return jnp.sum(jnp.where(m, dvs * design_at(mid), 0.0), axis=-1) + rst
+
+    mid = _bisect(volume, tgt, live, multiplier_threshold(scaled, x, m, dvs, tgt, rst, move))
+    new = design_at(mid)
+    return new, jnp.where(m, apply_stencil(new, *stencil) / hs, p)
+
+
+def _simp_step(st: dict, case: LoadCase, runs: _Runs, smp: _Samples, stencil, hs,
+               static) -> dict:
+    """One SIMP iteration of every slot; runs that stop free their slot for the next."""
+    _, move, tol, max_it = static[:4]
+    n_runs = runs.sample.shape[0]
+    run = st["run"]
+    live = run >= 0
+    sample = runs.sample[jnp.maximum(run, 0)]
+    m, p = smp.mask[sample], smp.pinned[sample]
+    pen = runs.penal[jnp.maximum(run, 0)]
+    c, ue, u = _energies(jax.tree.map(lambda a: a[sample], case), st["phys"], pen, live,
+                         st.get("u"))
+    finite = jnp.isfinite(c)
+    dc = (-pen[:, None] * _pow(jnp.maximum(st["phys"], 1e-9), pen[:, None] - 1.0)) * ue
+    # Materialised before the filter, whose gathers would otherwise
+    # recompute the energies once per neighbour.
+    dc = apply_stencil(jax.lax.optimization_barrier(dc * m / hs), *stencil)
+    new, phys = _oc_step(st["x"], dc, live & finite, m, p, smp.dv[sample], smp.target[sample],
+                         smp.rest[sample], move=move, stencil=stencil, hs=hs)
+    change = jnp.max(jnp.where(m, jnp.abs(new - st["x"]), 0.0), axis=-1)
+    step = live & finite
+    its = st["its"] + live.astype(jnp.int32)
+    stop = live & (~finite | (change < tol) | (its >= max_it))
+    phys = jnp.where(step[:, None], phys, st["phys"])
+    slot_run = jnp.where(stop, run, n_runs)
+    warm = {} if "u" not in st else {"u": jnp.where(finite[:, None], u, 0.0)}
+    st = {
+        **warm,
+        "run": jnp.where(stop, -1, run),
+        "x": jnp.where(step[:, None], new, st["x"]),
+        "phys": phys,
+        "its": its,
+        "status": st["status"].at[slot_run].set(2, mode="drop"),
+        "out": st["out"].at[slot_run].set(phys, mode="drop"),
+        "run_its": st["run_its"].at[slot_run].set(its, mode="drop"),
+        "capped": st["capped"].at[slot_run].set(finite & (change >= tol), mode="drop"),
+    }
+    return _assign(st, runs, smp)
 
 
 def _simp_runs(case: LoadCase, seed, active, static):
@@ -339,132 +488,33 @@ def _simp_runs(case: LoadCase, seed, active, static):
         (designs (B, 8, nel), iterations (B,), capped (B,): a run hit the
         iteration bound, design mask (B, nel), pinned (B, nel), free budget (B,)).
     """
-    radius, move, tol, max_it, schedule, penal = static[:6]
+    radius, schedule, penal = static[0], static[4], static[5]
     shape = case.shape
     nb = case.load_mask.shape[0]
     nel = math.prod(shape)
-    n_slots = slot_count(nb, case.ndim)
-    n_runs = len(_KINDS) * nb
+    n_slots = slot_count(nb, ndim=case.ndim)
     idx_np, w_np = filter_stencil(shape, radius)
-    idx, w = jnp.asarray(idx_np), jnp.asarray(w_np)
-    hs = apply_stencil(jnp.ones((nel,)), idx, w)
-
-    structural = (case.load_mask | case.support_mask).reshape(nb, nel)
-    mask = case.design_mask.reshape(nb, nel) & ~structural
-    pinned = jnp.where(structural, 1.0, jnp.clip(case.pinned.reshape(nb, nel), 0.0, 1.0))
-    budget, pinned_volume = free_budget(mask, pinned, case.volume_fraction)
-    target = pinned_volume + budget
-    seed = jnp.where(mask, jnp.clip(seed, 0.0, 1.0), pinned)
-    uniform = jnp.where(mask, (budget / jnp.maximum(jnp.sum(mask, axis=-1), 1))[:, None], pinned)
-    # Volume of the physical design is linear in the design: sum_j dv_j x_j + rest.
-    dv = apply_stencil(mask / hs, idx, w)
-    rest = jnp.sum(jnp.where(mask, 0.0, dv * pinned + pinned), axis=-1)
-
-    kinds = np.asarray(_KINDS)
-    run_kind = jnp.asarray(np.repeat(np.arange(len(_KINDS)), nb))
-    run_sample = jnp.asarray(np.tile(np.arange(nb), len(_KINDS)))
-    parent_np = np.where(kinds[:, 1] >= 0, kinds[:, 1], 0)[:, None] * nb + np.arange(nb)
-    run_parent = jnp.asarray(np.where(kinds[:, 1:2] >= 0, parent_np, -1).reshape(-1))
-    pens = jnp.asarray(tuple(schedule) + (penal,), jnp.float64)
-    run_penal = pens[jnp.asarray(kinds[:, 0])][run_kind]
-    run_start = jnp.asarray(kinds[:, 2])[run_kind]
-
-    def assign(st):
-        """Idle slots take the ready runs, in priority order."""
-        status = st["status"]
-        parent_done = jnp.where(run_parent >= 0, status[jnp.maximum(run_parent, 0)] == 2, True)
-        ready = (status == 0) & parent_done
-        idle = st["run"] < 0
-        slot_rank = jnp.cumsum(idle) - 1
-        run_rank = jnp.cumsum(ready) - 1
-        match = ready[None, :] & (run_rank[None, :] == slot_rank[:, None]) & idle[:, None]
-        take = jnp.any(match, axis=1)
-        new = jnp.argmax(match, axis=1)
-        sample = run_sample[new]
-        parent = st["out"][jnp.maximum(run_parent[new], 0)]
-        start = jnp.where((run_start[new] == 0)[:, None], uniform[sample],
-                          jnp.where((run_start[new] == 1)[:, None], seed[sample], parent))
-        start = jnp.where(mask[sample], jnp.clip(start, 1e-3, 1.0), pinned[sample])
-        start = jnp.where((run_start[new] == 0)[:, None], uniform[sample], start)
-        keep = ~take[:, None]
-        warm = {} if "u" not in st else {"u": jnp.where(keep, st["u"], 0.0)}
-        return {
-            **st,
-            **warm,
-            "run": jnp.where(take, new, st["run"]),
-            "x": jnp.where(keep, st["x"], start),
-            "phys": jnp.where(keep, st["phys"], start),  # the first solve is unfiltered
-            "its": jnp.where(take, 0, st["its"]),
-            "status": status.at[jnp.where(take, new, n_runs)].set(1, mode="drop"),
-        }
-
-    def oc(x, dc, live, m, p, dvs, tgt, rst):
-        # x sqrt(B / mid) as (x sqrt(B)) / sqrt(mid): one square root per slot
-        # and step of the bisection rather than one per cell.
-        scaled = x * jnp.sqrt(jnp.maximum(-dc, 0.0) / jnp.maximum(dvs, 1e-12))
-
-        def design_at(mid):
-            cand = jnp.clip(scaled / jnp.sqrt(mid)[:, None], x - move, x + move)
-            return jnp.where(m, jnp.clip(cand, 0.0, 1.0), p)
-
-        def volume(mid):
-            return jnp.sum(jnp.where(m, dvs * design_at(mid), 0.0), axis=-1) + rst
-
-        mid = _bisect(volume, tgt, live, multiplier_threshold(scaled, x, m, dvs, tgt, rst, move))
-        new = design_at(mid)
-        return new, jnp.where(m, apply_stencil(new, idx, w) / hs, p)
-
-    def body(st):
-        run = st["run"]
-        live = run >= 0
-        sample = run_sample[jnp.maximum(run, 0)]
-        m, p = mask[sample], pinned[sample]
-        pen = run_penal[jnp.maximum(run, 0)]
-        c, ue, u = _energies(jax.tree.map(lambda a: a[sample], case), st["phys"], pen, live,
-                             st.get("u"))
-        finite = jnp.isfinite(c)
-        dc = (-pen[:, None] * _pow(jnp.maximum(st["phys"], 1e-9), pen[:, None] - 1.0)) * ue
-        # Materialised before the filter, whose gathers would otherwise
-        # recompute the energies once per neighbour.
-        dc = apply_stencil(jax.lax.optimization_barrier(dc * m / hs), idx, w)
-        new, phys = oc(st["x"], dc, live & finite, m, p, dv[sample], target[sample],
-                       rest[sample])
-        change = jnp.max(jnp.where(m, jnp.abs(new - st["x"]), 0.0), axis=-1)
-        step = live & finite
-        its = st["its"] + live.astype(jnp.int32)
-        stop = live & (~finite | (change < tol) | (its >= max_it))
-        phys = jnp.where(step[:, None], phys, st["phys"])
-        slot_run = jnp.where(stop, run, n_runs)
-        warm = {} if "u" not in st else {"u": jnp.where(finite[:, None], u, 0.0)}
-        st = {
-            **warm,
-            "run": jnp.where(stop, -1, run),
-            "x": jnp.where(step[:, None], new, st["x"]),
-            "phys": phys,
-            "its": its,
-            "status": st["status"].at[slot_run].set(2, mode="drop"),
-            "out": st["out"].at[slot_run].set(phys, mode="drop"),
-            "run_its": st["run_its"].at[slot_run].set(its, mode="drop"),
-            "capped": st["capped"].at[slot_run].set(finite & (change >= tol), mode="drop"),
-        }
-        return assign(st)
+    stencil = (jnp.asarray(idx_np), jnp.asarray(w_np))
+    hs = apply_stencil(jnp.ones((nel,)), *stencil)
+    smp = _samples(case, seed, hs, stencil)
+    runs = _runs(nb, schedule, penal)
+    n_runs = runs.sample.shape[0]
 
     # Iterative solves start from each slot's previous displacements.
     warm = ({"u": jnp.zeros((n_slots, case.force.shape[-1]))} if simp_solver(shape)[1]
             else {})
-    state = assign({
+    st = _assign({
         **warm,
         "run": jnp.full((n_slots,), -1),
         "x": jnp.zeros((n_slots, nel)),
         "phys": jnp.zeros((n_slots, nel)),
         "its": jnp.zeros((n_slots,), jnp.int32),
-        "status": jnp.where(active[run_sample], 0, 2),
+        "status": jnp.where(active[runs.sample], 0, 2),
         "out": jnp.zeros((n_runs, nel)),
         "run_its": jnp.zeros((n_runs,), jnp.int32),
         "capped": jnp.zeros((n_runs,), bool),
-    })
+    }, runs, smp)
     sizes = pool_sizes(n_slots)
-    st = state
     for size, smaller in zip(sizes, sizes[1:] + (0,), strict=True):
         if size < st["run"].shape[0]:
             st = _compact(st, size)
@@ -473,12 +523,13 @@ def _simp_runs(case: LoadCase, seed, active, static):
             pending = jnp.sum(st["status"] != 2)  # running or waiting for a slot
             return (pending > 0) & (pending > smaller)
 
-        st = jax.lax.while_loop(cond, body, st)
+        st = jax.lax.while_loop(
+            cond, lambda st: _simp_step(st, case, runs, smp, stencil, hs, static), st)
     out = st["out"].reshape(len(_KINDS), nb, nel)
-    designs = jnp.stack([seed if k < 0 else out[k] for k in _DESIGN_KINDS], axis=1)
+    designs = jnp.stack([smp.seed if k < 0 else out[k] for k in _DESIGN_KINDS], axis=1)
     its = jnp.sum(st["run_its"].reshape(len(_KINDS), nb), axis=0)
     capped = jnp.any(st["capped"].reshape(len(_KINDS), nb), axis=0)
-    return designs, its, capped, mask, pinned, budget
+    return designs, its, capped, smp.mask, smp.pinned, smp.budget
 
 
 # ----------------------------------------------------------------------------
@@ -497,7 +548,8 @@ def _program(case: LoadCase, seed, active, *, static):
     mask = mask & active[:, None]
     rounded = round_to_budget(designs, mask[:, None], budget[:, None])
     cands = jnp.stack([designs, rounded], axis=2).reshape(nb, 16, nel)  # d0, r0, d1, ...
-    c = fea.compliance(case, cands.transpose(1, 0, 2).reshape((16, nb) + shape), penal).T
+    c = fea.compliance(case, cands.transpose(1, 0, 2).reshape((16, nb) + shape),
+                       penal=penal).T
     limit = budget_limit(case.volume_fraction, nel)
     ok = (jnp.sum(cands, axis=-1) <= limit[:, None]) & (c < jnp.inf)
     winner = jnp.where(jnp.any(ok, axis=-1), jnp.argmin(jnp.where(ok, c, jnp.inf), axis=-1), 15)
@@ -508,9 +560,10 @@ def _program(case: LoadCase, seed, active, *, static):
                 "winner": winner, "iterations": its, "converged": ~capped}
     start = round_to_budget(best_x, mask, budget)
     if case.ndim == 2:
-        polished, pc = yardstick_polish.polish(case, start, mask, static)
+        polished, pc = yardstick_polish.polish(case, start, mask, static=static)
     else:  # no factorisation to update: every swap is solved (multigrid CG)
-        polished, pc = yardstick_polish.polish_exact(case, start, mask, static, "multigrid")
+        polished, pc = yardstick_polish.polish_exact(case, start, mask, static=static,
+                                                    solver="multigrid")
     # The same design scores the same (the published method solves it the same way).
     changed = jnp.any(polished != best_x, axis=-1)
     better = (pc < best_c) & changed & (jnp.sum(polished, axis=-1) <= limit)
@@ -528,9 +581,9 @@ def _bucket(n: int, ndim: int = 2) -> int:
     return next((b for b in buckets if b >= n), buckets[-1])
 
 
-def reference_optimum_batch(load_case: LoadCase, seeds=None,
+def reference_optimum_batch(load_case: LoadCase, seeds: Densities | None = None, *,
                             options: ReferenceOptions = DEFAULT_REFERENCE,
-                            progress=None) -> OptimumResult:
+                            progress: Progress | None = None) -> OptimumResult:
     """Reference-yardstick optima of many samples.
 
     Args:

@@ -27,6 +27,8 @@ import jax.numpy as jnp
 
 from sphyr_jax.fem import fea
 from sphyr_jax.fem import structured as st
+from sphyr_jax.fem.array_types import DesignMask, FlatDesigns, PerSample
+from sphyr_jax.fem.solvers import AbstractFactorSolver, SolverLike
 from sphyr_jax.problem.loadcase import LoadCase, fix_samples
 from sphyr_jax.topopt import swaps
 
@@ -129,7 +131,8 @@ def _swap_passes(x, mask, shape, static, evaluate, score):
     return x, best
 
 
-def polish(case: LoadCase, x, mask, static):
+def polish(case: LoadCase, x: FlatDesigns, mask: DesignMask, *, static: tuple,
+           factor: AbstractFactorSolver = swaps.FACTOR) -> tuple[FlatDesigns, PerSample]:
     """The published swap polish of 0/1 designs (B, nel): (designs, exact compliance).
 
     Args:
@@ -137,6 +140,8 @@ def polish(case: LoadCase, x, mask, static):
         x: (B, nel) start designs (0/1 on design cells).
         mask: (B, nel) design cells.
         static: :meth:`sphyr_jax.topopt.options.ReferenceOptions.static`.
+        factor: the factorising solver each pass's exact solve keeps the
+            factor of (the low-rank scores are computed from it).
     """
     penal, _, n_src, _ = static[5:9]
     shape = case.shape
@@ -147,7 +152,8 @@ def polish(case: LoadCase, x, mask, static):
     modes, lam = jnp.asarray(modes_np), jnp.asarray(lam_np)
 
     def evaluate(x, on):
-        fac, u, free, c = swaps.exact(fix_samples(case, on), x, penal)  # u (n, B)
+        fac, u, free, c = swaps.exact(fix_samples(case, on), x, penal=penal,
+                                      factor=factor)  # u (n, B)
         e = st.element_energy(grid, u, u)  # unit-modulus energies (*cells, B)
         return c, jnp.moveaxis(e, -1, 0).reshape(nb, -1), (fac, u, free)
 
@@ -158,8 +164,8 @@ def polish(case: LoadCase, x, mask, static):
         rc = jnp.concatenate([src, tgt], axis=1)  # (B, R)
         dofs = edofs[rc].reshape(nb, n_rank * 8)  # (B, 8R)
         r = modes.shape[1]
-        g = swaps.FACTOR.inverse_quadratic(grid, fac, dofs.reshape(nb, n_rank, 8), free,
-                                           modes).reshape(nb, n_rank, r, n_rank, r)
+        g = factor.inverse_quadratic(grid, fac, dofs.reshape(nb, n_rank, 8), free,
+                                     modes).reshape(nb, n_rank, r, n_rank, r)
         u_rc = jnp.take_along_axis(u.T[:, None, :], dofs.reshape(nb, n_rank, 8), axis=-1)
         w = jnp.einsum("ak,Bca->Bck", modes, u_rc)  # (B, R, 5)
         g_self = jnp.einsum("Bckcl->Bckl", g)  # (B, R, 5, 5)
@@ -172,7 +178,8 @@ def polish(case: LoadCase, x, mask, static):
     return _swap_passes(x, mask, shape, static, evaluate, score)
 
 
-def polish_exact(case: LoadCase, x, mask, static, solver="banded"):
+def polish_exact(case: LoadCase, x: FlatDesigns, mask: DesignMask, *, static: tuple,
+                 solver: SolverLike = "banded") -> tuple[FlatDesigns, PerSample]:
     """The published swap polish, every pair scored by an exact solve (any dimension).
 
     The same passes, rankings (strain energy; neighbour energy over the 8 (2D)
@@ -202,7 +209,8 @@ def polish_exact(case: LoadCase, x, mask, static, solver="banded"):
         return jnp.where(jnp.isfinite(c) & (c >= 0.0), c, jnp.inf)
 
     def evaluate(x, on):
-        sol = fea.solve(fix_samples(case, on), x.reshape((nb,) + shape), penal, solver)
+        sol = fea.solve(fix_samples(case, on), x.reshape((nb,) + shape), penal=penal,
+                        solver=solver)
         e = fea.element_strain_energy(case, sol.displacements).reshape(nb, nel)
         return clean(sol.compliance), e, on
 
@@ -211,7 +219,7 @@ def polish_exact(case: LoadCase, x, mask, static, solver="banded"):
         into = jax.nn.one_hot(tgt, nel, dtype=x.dtype)  # (B, T, nel)
         swapped = x[:, None, None] - out[:, :, None] + into[:, None, :]  # (B, S, T, nel)
         c = fea.compliance(fix_samples(many, jnp.repeat(on, pairs)),
-                           swapped.reshape((nb * pairs,) + shape), penal, solver)
+                           swapped.reshape((nb * pairs,) + shape), penal=penal, solver=solver)
         c = clean(c).reshape(nb, n_src, n_tgt)
         return c, c < jnp.inf
 

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from sphyr_jax.io import atomic_write_json
+from sphyr_jax.progress import Progress
+from sphyr_jax.runtime import enable_x64
 from sphyr_jax.training.config import TrainConfig
 from sphyr_jax.training.leaderboard import build_leaderboard, summary, write_leaderboard
 from sphyr_jax.training.loop import train
@@ -21,8 +23,11 @@ from sphyr_jax.training.model import save_checkpoint
 
 def run_experiment(cfg: TrainConfig, workdir, groups: Sequence = (), cache=None,
                    log: Callable[[str], None] | None = None,
-                   num_devices: int | None = None) -> dict:
+                   num_devices: int | None = None, *,
+                   progress: Progress | None = None) -> dict:
     """Train, checkpoint, then score the model on every group; writes ``<workdir>/metrics.json``.
+
+    Turns float64 on (the finite elements need it) before any work.
 
     Args:
         cfg: training configuration.
@@ -32,14 +37,17 @@ def run_experiment(cfg: TrainConfig, workdir, groups: Sequence = (), cache=None,
         groups: :class:`~sphyr_jax.training.leaderboard.EvalGroup` s (none: no
             evaluation).
         cache: optimum cache for scoring.
-        log: optional callable receiving progress lines.
+        log: optional callable receiving the training curve and other lines.
         num_devices: devices scoring is split over (None: all local).
+        progress: optional ``(stage, done, total)`` callback of the scoring
+            (:mod:`sphyr_jax.progress`).
 
     Returns:
         ``{"config", "curve", "train_seconds", "checkpoint"}`` plus, with
         groups, ``"eval_seconds"`` and ``"summary"`` (see
         :func:`~sphyr_jax.training.leaderboard.summary`).
     """
+    enable_x64()  # the trainer and the scoring need float64
     log = log or (lambda line: None)
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -51,19 +59,26 @@ def run_experiment(cfg: TrainConfig, workdir, groups: Sequence = (), cache=None,
     out["checkpoint"] = str(save_checkpoint(workdir, model, cfg.model).name)
     atomic_write_json(workdir / "metrics.json", out)
     if groups:
-        out.update(evaluate_model(model, groups, workdir, cache, log, num_devices))
+        out.update(evaluate_model(model, groups, workdir, cache, log, num_devices,
+                                  progress=progress))
         atomic_write_json(workdir / "metrics.json", out)
     return out
 
 
 def evaluate_model(model, groups: Sequence, workdir, cache=None,
                    log: Callable[[str], None] | None = None,
-                   num_devices: int | None = None) -> dict:
+                   num_devices: int | None = None, *,
+                   progress: Progress | None = None) -> dict:
     """Leaderboard of a model on groups, written to ``workdir``; returns
-    ``{"eval_seconds", "summary"}`` (see :mod:`sphyr_jax.training.leaderboard`)."""
+    ``{"eval_seconds", "summary"}`` (see :mod:`sphyr_jax.training.leaderboard`).
+
+    Turns float64 on (the scoring needs it); ``progress`` is the scoring's
+    optional ``(stage, done, total)`` callback.
+    """
+    enable_x64()
     log = log or (lambda line: None)
     t1 = time.perf_counter()
-    board = build_leaderboard(model, groups, cache, num_devices, progress=log)
+    board = build_leaderboard(model, groups, cache, num_devices, log=log, progress=progress)
     seconds = time.perf_counter() - t1
     files = write_leaderboard(board, workdir)
     log(f"scored {len(groups)} groups in {seconds:.0f} s; wrote "

@@ -17,13 +17,14 @@ import dataclasses
 import json
 import math
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from sphyr_jax.problem.grids import extract_grid
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY_3D, gravity_from_folder, normalise_gravity
 from sphyr_jax.problem.symmetry import AXIS_DIRECTIONS, ROTATION_TAGS, turn_records
+from sphyr_jax.progress import Progress
 from sphyr_jax.scoring.records import score_records
 from sphyr_jax.training.config import DIRECTION_NAMES
 from sphyr_jax.training.evaluation import complete_records, fill_masked
@@ -189,8 +190,9 @@ def load_results_groups(results_root, subjects: Sequence[str] | None = None,
 
 
 def build_leaderboard(model, groups: Sequence[EvalGroup], cache=None,
-                      num_devices: int | None = None,
-                      progress=None) -> dict:
+                      num_devices: int | None = None, *,
+                      log: Callable[[str], None] | None = None,
+                      progress: Progress | None = None) -> dict:
     """Score a model, the baselines and stored completions on every group, in one batched call.
 
     Args:
@@ -199,7 +201,9 @@ def build_leaderboard(model, groups: Sequence[EvalGroup], cache=None,
             :func:`add_turned_groups`.
         cache: :class:`~sphyr_jax.topopt.optimum.OptimumCache` (one per yardstick).
         num_devices: devices scoring is split over (None: all local).
-        progress: optional callable receiving a line per stage.
+        log: optional callable receiving a line before the scoring starts.
+        progress: optional ``(stage, done, total)`` callback of the scoring
+            (:mod:`sphyr_jax.progress`).
 
     Returns:
         ``{"rows": [{"source", "subject", "direction", "samples",
@@ -209,7 +213,7 @@ def build_leaderboard(model, groups: Sequence[EvalGroup], cache=None,
     """
     from sphyr_jax.data.datasets import is_hard
 
-    say = progress or (lambda line: None)
+    say = log or (lambda line: None)
     records, completions, owners = [], [], []
     model_completions = []
     for gi, g in enumerate(groups):
@@ -227,7 +231,7 @@ def build_leaderboard(model, groups: Sequence[EvalGroup], cache=None,
     say(f"scoring {len(completions)} completions of {sum(len(g.records) for g in groups)} "
         f"records in {len(groups)} groups")
     per = score_records([{**r, "completion": c} for r, c in zip(records, completions, strict=True)],
-                        cache=cache, num_devices=num_devices)
+                        cache=cache, num_devices=num_devices, progress=progress)
     sums: dict[tuple[int, str], list] = {}
     for (gi, name), m in zip(owners, per, strict=True):
         sums.setdefault((gi, name), []).append([float(m[k]) for k in METRICS])

@@ -22,7 +22,6 @@ logit scale from ``initial_sharpness`` to 1 and w from 0 to
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ import optax
 
 from sphyr_jax.fem import fea
 from sphyr_jax.problem.loadcase import LoadCase
+from sphyr_jax.runtime import bounded_cache, enable_x64
 from sphyr_jax.training.config import LossConfig, TrainConfig
 from sphyr_jax.training.model import init_model, predict
 from sphyr_jax.training.problems import (
@@ -48,7 +48,7 @@ from sphyr_jax.training.problems import (
 def design_objective(case: LoadCase, rho, solid, volume_weight, penal,
                      solver=None) -> jax.Array:
     """Per-sample $\\log(c / c_{solid}) + \\lambda\\, vf$, (B,)."""
-    c = fea.compliance(case, rho, penal, solver)
+    c = fea.compliance(case, rho, penal=penal, solver=solver)
     return jnp.log(c / solid) + volume_weight * jnp.mean(rho, axis=tuple(range(-case.ndim, 0)))
 
 
@@ -81,7 +81,8 @@ def batch_loss(model, case: LoadCase, features, progress, cfg: LossConfig, hard)
     soft = jnp.where(case.design_mask, predict(model, features, sharp, cfg.leak), case.pinned)
     rounded = soft + jax.lax.stop_gradient(round_to_format(soft, hard) - soft)
     solid = jax.lax.stop_gradient(
-        fea.compliance(case, jnp.ones(soft.shape[-case.ndim:]), cfg.penal, cfg.solver))
+        fea.compliance(case, jnp.ones(soft.shape[-case.ndim:]), penal=cfg.penal,
+                       solver=cfg.solver))
     j_soft = design_objective(case, soft, solid, cfg.volume_weight, penal, cfg.solver)
     j_round = design_objective(case, rounded, solid, cfg.volume_weight,
                                jnp.where(jnp.asarray(hard), cfg.penal, 1.0), cfg.solver)
@@ -102,7 +103,7 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optax.adam(lr))
 
 
-@functools.lru_cache(maxsize=8)
+@bounded_cache(maxsize=8)
 def make_train_step(cfg: TrainConfig):
     """A compiled step ``(model, opt_state, key, step, pool) -> (model, opt_state, loss, aux)``.
 
@@ -129,6 +130,8 @@ def make_train_step(cfg: TrainConfig):
 def train(cfg: TrainConfig, log: Callable[[dict], None] | None = None):
     """Train a model from ``cfg.seed`` on random problems (deterministic for a seed).
 
+    Turns float64 on (the finite elements need it) before any work.
+
     Args:
         cfg: configuration.
         log: optional callback receiving each curve entry as it is made.
@@ -138,7 +141,7 @@ def train(cfg: TrainConfig, log: Callable[[dict], None] | None = None):
         "volume_fraction", "carrying", "grad_norm", "seconds"}``, means over the last
         ``log_every`` steps (``seconds``: wall time since the start).
     """
-    fea.require_x64()
+    enable_x64()
     start = time.perf_counter()
     k_model, k_pool, k_data = jax.random.split(jax.random.PRNGKey(cfg.seed), 3)
     model = init_model(cfg.model, k_model)

@@ -268,7 +268,8 @@ def make_pool(key, cfg: ProblemConfig) -> Pool:
     vf = jax.random.uniform(kv, (cfg.pool_size,), minval=cfg.pool_volume[0],
                             maxval=cfg.pool_volume[1])
     case = eqx.tree_at(lambda c: c.volume_fraction, case, vf)
-    res = simp.optimize(case, 3.0, options=simp.SimpOptions(max_iterations=cfg.pool_iterations))
+    res = simp.optimize(case, penal=3.0,
+                        options=simp.SimpOptions(max_iterations=cfg.pool_iterations))
     rho = jnp.where(case.design_mask, res.densities, 1.0)
     return Pool(load=load, support=support, densities=rho)
 

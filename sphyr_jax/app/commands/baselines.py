@@ -14,6 +14,8 @@ CHOICES = ("empty", "solid", "random", "copy_input", "answer")
 flags.DEFINE_list("baseline_models", list(CHOICES[:4]),
                   "Baselines to write: empty, solid, random, copy_input, answer (the dataset "
                   "answer itself).")
+SHARED = ("dataset_dir", "dataset_version", "results_root", "seed")
+
 flags.register_validator("baseline_models", lambda v: bool(v) and set(v) <= set(CHOICES),
                          message=f"--baseline_models takes names among {', '.join(CHOICES)}")
 

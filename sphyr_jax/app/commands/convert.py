@@ -17,6 +17,8 @@ flags.DEFINE_bool("skip_unsolvable", False,
                   "Leave out raw samples with no load or no support cell (named on stderr) "
                   "instead of stopping.")
 
+SHARED = ("output_dir", "seed")
+
 FLAGS = flags.FLAGS
 
 

@@ -13,7 +13,6 @@ SUMMARY = ("Ask a model (OpenAI-compatible endpoint, baseline, checkpoint, Pytho
            "every sample; store and score its answers.")
 
 PROMPT_STYLES = ["default", "physics_enhanced", "physics_neutral", "load_direction"]
-EMBEDDED = {"v1": "dataset", "v2": "dataset_v2", "v2-20": "dataset_v2_20"}
 
 flags.DEFINE_string("model", None,
                     "Model spec: an OpenAI-compatible model name (with --base_url), "
@@ -61,22 +60,10 @@ flags.DEFINE_bool("resample", False,
                   "With --feedback_rounds=K: the control, K more independent attempts at the "
                   "original prompt instead of revisions.")
 
+SHARED = ("dataset_dir", "dataset_version", "results_root", "seed", "design_efficiency",
+          "output_json", "progress", *common.SCORING)
+
 FLAGS = flags.FLAGS
-
-
-def _dataset() -> str:
-    """--dataset_dir, else the embedded set of --dataset_version."""
-    from sphyr_jax.errors import UserInputError
-
-    if FLAGS.dataset_dir:
-        return FLAGS.dataset_dir
-    name = EMBEDDED[FLAGS.dataset_version]
-    try:
-        return common.data_dir(name)
-    except UserInputError:
-        raise UserInputError(
-            f"--dataset_version={FLAGS.dataset_version}: the embedded set data/{name} is not in "
-            "this checkout; pass --dataset_dir (a folder, a subject file or a hub name)") from None
 
 
 def _spec():
@@ -117,7 +104,7 @@ def _feedback_experiment(model: str, root: str, seed: int) -> int:
 
     spec = _spec()
     mode = "resample" if FLAGS.resample else "feedback"
-    dataset = _dataset()
+    dataset = common.dataset()
     folder = results_folder(root, model, f"{spec.suffix}_{mode}_{FLAGS.feedback_rounds}")
     folder.mkdir(parents=True, exist_ok=True)
     backend = make_backend(model, base_url=FLAGS.base_url, api_key_env=FLAGS.api_key_env,
@@ -143,26 +130,13 @@ def _feedback_experiment(model: str, root: str, seed: int) -> int:
     return 0
 
 
-def main() -> int:
-    import logging
-
+def _evaluate(model: str, root: str, replay, seed: int, progress):
     from sphyr_jax.evaluation.harness import RetryPolicy, evaluate
 
-    for name in ("httpx", "httpx2", "openai"):  # one INFO line per request otherwise
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-    model = common.require("model", NAME)
-    root = common.require("results_root", NAME)
-    replay = FLAGS.replay_from
-    if replay:
-        common.require("replay_from", NAME, exists=True)
-    seed = 42 if FLAGS.seed is None else FLAGS.seed  # the published sample order
-    if FLAGS.feedback_rounds:
-        return _feedback_experiment(model, root, seed)
-    summary = evaluate(
+    return evaluate(
         model,
         results_root=root,
-        dataset=None if replay else _dataset(),
+        dataset=None if replay else common.dataset(),
         subjects=FLAGS.subjects or None,
         spec=_spec(),
         sample_count=FLAGS.sample_count or None,
@@ -177,9 +151,27 @@ def main() -> int:
         design_efficiency=FLAGS.design_efficiency,
         num_devices=FLAGS.num_devices,
         score_batch_size=FLAGS.score_batch,
-        progress=common.progress(),
+        progress=progress,
         log=lambda line: print(line, file=sys.stderr),
     )
+
+
+def main() -> int:
+    import logging
+
+    for name in ("httpx", "httpx2", "openai"):  # one INFO line per request otherwise
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    model = common.require("model", NAME)
+    root = common.require("results_root", NAME)
+    replay = FLAGS.replay_from
+    if replay:
+        common.require("replay_from", NAME, exists=True)
+    seed = 42 if FLAGS.seed is None else FLAGS.seed  # the published sample order
+    if FLAGS.feedback_rounds:
+        return _feedback_experiment(model, root, seed)
+    with common.progress() as progress:
+        summary = _evaluate(model, root, replay, seed, progress)
     print(summary.table())
     print()
     print(summary.line())

@@ -16,6 +16,8 @@ flags.DEFINE_list("report_metrics", [],
 flags.DEFINE_bool("figures", True, "Also draw a bar chart per metric and difficulty "
                   "(PNG and PDF; needs matplotlib).")
 
+SHARED = ("results_root", "output_dir", "output_json")
+
 FLAGS = flags.FLAGS
 
 
@@ -43,6 +45,9 @@ def main() -> int:
         print(f"{experiment}: {out}/{experiment}.md, {out}/{experiment}.tex")
     for experiment, model, subject in summary.missing:
         print(f"missing: {experiment} {model} {subject}", file=sys.stderr)
+    if summary.unscored:
+        print(f"no table of {', '.join(summary.unscored)}: no record holds them; add them with "
+              f"python -m sphyr_jax rescore --results_root={root}", file=sys.stderr)
     print(summary.line())
     common.write_json({"experiments": summary.experiments, "files": summary.files,
                        "missing": summary.missing})

@@ -20,6 +20,8 @@ SUMMARY = "Score every record of a results tree in place and print the leaderboa
 flags.DEFINE_bool("dry_run", False, "Compute the metrics but write nothing.")
 flags.DEFINE_integer("chunk", 4096, "Records scored per batch (bounds memory).", lower_bound=1)
 
+SHARED = ("results_root", "design_efficiency", "output_json", "progress", *common.SCORING)
+
 FLAGS = flags.FLAGS
 
 
@@ -27,10 +29,11 @@ def main() -> int:
     from sphyr_jax.scoring.results import format_leaderboard, rescore_tree
 
     root = common.require("results_root", NAME, exists=True)
-    summary = rescore_tree(root, dry_run=FLAGS.dry_run,
-                           design_efficiency=FLAGS.design_efficiency, cache=common.cache(),
-                           num_devices=FLAGS.num_devices, progress=common.progress(),
-                           chunk=FLAGS.chunk, log=lambda m: print(m, file=sys.stderr))
+    with common.progress() as progress:
+        summary = rescore_tree(root, dry_run=FLAGS.dry_run,
+                               design_efficiency=FLAGS.design_efficiency, cache=common.cache(),
+                               num_devices=FLAGS.num_devices, progress=progress,
+                               chunk=FLAGS.chunk, log=lambda m: print(m, file=sys.stderr))
     if summary.files == 0 and not summary.skipped:
         print(f"no <model>/<subject>_results.json files under {root}", file=sys.stderr)
         return 1

@@ -9,8 +9,6 @@ from sphyr_jax.app import common
 NAME = "serve"
 SUMMARY = "Serve the SPhyR environment over OpenEnv (WebSocket sessions, /health)."
 
-_EMBEDDED = {"v1": "dataset", "v2": "dataset_v2", "v2-20": "dataset_v2_20"}
-
 flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
 flags.DEFINE_integer("port", 8000, "Port to listen on.", lower_bound=0, upper_bound=65535)
 flags.DEFINE_integer("max_concurrent_envs", 8, "WebSocket sessions served at once.",
@@ -21,6 +19,8 @@ flags.DEFINE_float("lifetime_s", 0.0, "Stop by itself after this many seconds (0
                    "interrupted).", lower_bound=0.0)
 flags.DEFINE_float("batch_window_ms", 2.0, "While sessions' steps overlap, how long the first "
                    "step of a batch waits for others to be scored with it.", lower_bound=0.0)
+
+SHARED = ("dataset_dir", "dataset_version", "results_root", *common.SCORING)
 
 FLAGS = flags.FLAGS
 
@@ -33,7 +33,7 @@ def main() -> int:
     except ImportError as exc:
         raise UserInputError(f"serve needs the [env] extra (pip install 'sphyr-jax[env]'): "
                              f"{exc}") from exc
-    dataset = FLAGS.dataset_dir or common.data_dir(_EMBEDDED[FLAGS.dataset_version])
+    dataset = common.dataset()
     app = server.create_app(
         dataset, results_root=FLAGS.results_root, cache=common.cache(),
         max_concurrent_envs=FLAGS.max_concurrent_envs, window_s=FLAGS.batch_window_ms / 1e3,

@@ -12,6 +12,9 @@ SUMMARY = "Score a subject's answers and reference completions against the optim
 flags.DEFINE_string("subject", "full_easy", "Subject to validate.")
 flags.DEFINE_integer("samples", 20, "Records of the subject to validate.", lower_bound=1)
 
+SHARED = ("dataset_dir", "dataset_version", "design_efficiency", "output_json", "progress",
+          *common.SCORING)
+
 FLAGS = flags.FLAGS
 
 
@@ -24,10 +27,10 @@ def main() -> int:
     records = load_subject(source, FLAGS.subject, limit=FLAGS.samples)
     if not records:
         raise UserInputError(f"no records of {FLAGS.subject} in {source}")
-    report = validate_records(records, FLAGS.subject, cache=common.cache(),
-                              num_devices=FLAGS.num_devices,
-                              design_efficiency=FLAGS.design_efficiency,
-                              progress=common.progress())
+    with common.progress() as progress:
+        report = validate_records(records, FLAGS.subject, cache=common.cache(),
+                                  num_devices=FLAGS.num_devices,
+                                  design_efficiency=FLAGS.design_efficiency, progress=progress)
     print(f"\n{FLAGS.subject}: {report.samples} samples from {source} "
           f"(optimum={report.optimum})\n")
     print(report.table())

@@ -10,8 +10,9 @@ follow the raw SPhyR-3D layout (``index,x,y,z,density,is_static,[neighbours]``, 
 100 z, cell centres at .5, z up); the neighbour list holds the 26-neighbours
 with density above 0.5 of cells above 0.5.  Then convert:
 
-    python data/dataset_3d/make_raw.py
-    python -m sphyr_jax convert --raw_dir=data/dataset_3d/raw --output_dir=data/dataset_3d
+    python data/make_raw_3d.py
+    python -m sphyr_jax convert --raw_dir=sphyr_jax/data/sets/dataset_3d/raw \
+        --output_dir=sphyr_jax/data/sets/dataset_3d
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -83,7 +84,7 @@ def optimise(loads, supports, vfs, iterations=80):
     def objective(x):
         rho = physical(x)
         moduli = 1e-9 + rho**3 * (1 - 1e-9)
-        c = system_compliance(moduli, force, free, SOLVER)
+        c = system_compliance(moduli, force, free, solver=SOLVER)
         return jnp.sum(c), c
 
     @jax.jit
@@ -137,7 +138,7 @@ def main(num=6, seed=0):
     problems = [draw_problem(rng) for _ in range(num)]
     loads, supports, vfs = zip(*problems, strict=True)
     rho, c = optimise(loads, supports, vfs)
-    out = pathlib.Path(__file__).resolve().parent / "raw"
+    out = REPO / "sphyr_jax" / "data" / "sets" / "dataset_3d" / "raw"
     out.mkdir(exist_ok=True)
     for i in range(num):
         write_csv(out / f"{i}_SPhyR_3D.csv", rho[..., i], loads[i], supports[i])
