@@ -88,13 +88,13 @@ def main() -> None:
         static, whole, physics = [], [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            sj.static_metrics_batch([r["prompt"] for r in records],
-                                    [r["completion"] for r in records],
-                                    [r["ground_truth"] for r in records])
+            sj.static_metrics_batch(output_grids=[r["completion"] for r in records],
+                                    gt_grids=[r["ground_truth"] for r in records],
+                                    input_grids=[r["prompt"] for r in records])
             t1 = time.perf_counter()
             fields = sj.score_records(records, cache=cache)
             t2 = time.perf_counter()
-            sj.score_batch(items, cache)
+            sj.score_batch(items, cache=cache)
             t3 = time.perf_counter()
             static.append(t1 - t0)
             whole.append(t2 - t1)

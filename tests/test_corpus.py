@@ -284,3 +284,61 @@ def test_app_refuses_corpus_options_where_they_do_not_apply(argv, message, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
     assert not (tmp_path / "x").exists()
+
+
+def _edited(record):
+    """The record with one masked cell of its answer flipped (another problem)."""
+    truth = [list(row) for row in record["ground_truth"]]
+    for r, row in enumerate(record["input_grid"]):
+        for c, token in enumerate(row):
+            if token == "V":
+                truth[r][c] = "1" if truth[r][c] == "0" else "0"
+                return {**record, "ground_truth": truth}
+    raise AssertionError("no masked cell")
+
+
+def test_scorers_use_a_current_stored_optimum_and_reoptimise_a_stale_one(built, tmp_path):
+    """A stored optimum whose key is the record's is used as stored, by rescore's record
+    scoring, the reward, the environment and evaluate, with nothing optimised; an edited
+    answer (another key) is optimised again, never scored against the stale optimum."""
+    from sphyr_jax.evaluation.backends import BaselineBackend
+    from sphyr_jax.evaluation.harness import evaluate
+    from sphyr_jax.rl import TopologyEnvironment, TopologyReward
+    from sphyr_jax.scoring.records import score_records
+    from sphyr_jax.topopt.optimum import OptimumCache
+
+    folder, _ = built
+    record = load_subject(folder, "5_random_cell_easy")[0]
+    # A marked optimum: the stored compliance scaled, its key kept (so it is used as stored).
+    marked = {**record, "optimum": {**record["optimum"],
+                                    "compliance": 1.5 * record["optimum"]["compliance"]}}
+    answer = "\n".join(" ".join(row) for row in record["ground_truth"])
+    cache = OptimumCache()
+    [used] = score_records([{**marked, "completion": answer}], cache=cache)
+    assert used["optimal_compliance"] == marked["optimum"]["compliance"]
+    assert cache.computed == 0
+    edited = _edited(marked)
+    [fresh] = score_records([{**edited, "completion": answer}], cache=cache)
+    _, _, recomputed = _recomputed([edited])
+    assert cache.computed == 1
+    assert math.isclose(fresh["optimal_compliance"], recomputed.compliance[0], rel_tol=1e-9)
+    assert not math.isclose(fresh["optimal_compliance"], marked["optimum"]["compliance"],
+                            rel_tol=1e-3)
+    # The reward's optimum column.
+    reward = TopologyReward(cache=OptimumCache())
+    [metrics] = reward.metrics(completions=[answer], ground_truth=[record["ground_truth"]],
+                               input_grid=[record["input_grid"]],
+                               gravity_dir=[record["gravity_dir"]], optimum=[marked["optimum"]])
+    assert metrics["optimal_compliance"] == marked["optimum"]["compliance"]
+    assert reward.cache.computed == 0
+    # The environment and evaluate read the corpus's records with their optima.
+    env_cache = OptimumCache()
+    env = TopologyEnvironment(str(folder), cache=env_cache)
+    env.reset(subject="full_easy", sample_index=1)
+    observation = env.step(env.episode.sample.ground_truth)
+    assert env_cache.computed == 0 and observation["reward"] > 0.9
+    eval_cache = OptimumCache()
+    summary = evaluate(BaselineBackend("empty"), dataset=str(folder), subjects=["full_easy"],
+                       results_root=str(tmp_path / "results"), sample_count=None,
+                       cache=eval_cache, progress=None)
+    assert summary.subjects[0].records == 8 and eval_cache.computed == 0

@@ -199,7 +199,7 @@ _ENTRY_SCRIPT = textwrap.dedent("""
 
     check("TopologyReward", TopologyReward)
     check("TopologyEnvironment", lambda: TopologyEnvironment(embedded("dataset")))
-    check("run_feedback_experiment", lambda: run_feedback_experiment(lambda p: "", [], 0))
+    check("run_feedback_experiment", lambda: run_feedback_experiment(lambda p: "", [], rounds=0))
     with tempfile.TemporaryDirectory() as root:
         # a model spec it refuses: float64 is on before that first check
         check("evaluate", lambda: evaluate("baseline:nope", results_root=root,

@@ -109,15 +109,13 @@ from sphyr_jax.data.generation import (
 )
 from sphyr_jax.fem import fea
 from sphyr_jax.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
-from sphyr_jax.problem.grids import MASK, grid_ndim
+from sphyr_jax.problem.grids import MASK
 from sphyr_jax.problem.loadcase import (
-    DEFAULT_GRAVITY,
-    load_case_from_grid,
     record_gravity,
-    stack_load_cases,
 )
-from sphyr_jax.topopt.optimum import optimum_batch, optimum_key
-from sphyr_jax.topopt.options import grid_options, yardstick_name, yardstick_options
+from sphyr_jax.scoring.records import optimum_fields
+from sphyr_jax.topopt.optimum import OptimumCache
+from sphyr_jax.topopt.options import yardstick_options
 
 Format = Literal["parquet", "jsonl"]
 FORMATS = ("parquet", "jsonl")
@@ -285,79 +283,22 @@ def solve_task(spec: CorpusSpec, indices: Sequence[int]) -> dict:
             "optimum_compliance": np.asarray(answers.optimum_compliance, np.float64)}
 
 
-def record_problem(ground_truth, input_grid, gravity_dir):
-    """The load case a scorer reads from a record, and the seed its optimum starts from
-    (the answer's densities, load and support cells solid)."""
-    ndim = grid_ndim(ground_truth) if not isinstance(ground_truth, str) else 2
-    gravity = None if gravity_dir is None else tuple(float(v) for v in gravity_dir)
-    if ndim == 3 and gravity == DEFAULT_GRAVITY:
-        gravity = None  # the 2D default means down on voxels too
-    case = load_case_from_grid(ground_truth, input_grid, gravity, ndim=ndim)
-    seed = np.asarray(case.pinned, np.float64).copy()
-    seed[np.asarray(case.load_mask | case.support_mask)] = 1.0
-    return case, seed
+def optima_task(yardstick: str, rows: Sequence[tuple]) -> list[dict | None]:
+    """The ``optimum`` fields of records, one batch: each row is ``(ground_truth,
+    input_grid, gravity_dir)``.
 
-
-def optima_task(yardstick: str, rows: Sequence[tuple]) -> dict:
-    """Optima of records, one batch: each row is ``(ground_truth, input_grid, gravity_dir)``.
+    The records are read and keyed exactly as scoring reads them
+    (:func:`sphyr_jax.scoring.records.optimum_fields`), and optimised together
+    on one device, so the fields are the same whatever engine ran the task.
 
     Returns:
-        ``yardstick`` and per row ``key`` (None for a record that cannot be
-        read as a problem), ``compliance``, ``densities``, ``iterations``,
-        ``converged`` (NumPy; see :func:`optimum_fields`).
+        One field per row (:func:`~sphyr_jax.topopt.optimum.stored_optimum`:
+        ``{"yardstick", "key", "compliance", "densities", "iterations",
+        "converged"}``), None for a record that is not a problem.
     """
-    options = yardstick_options(yardstick, num_devices=1)
-    problems: list = []
-    for row in rows:
-        try:
-            problems.append(record_problem(*row))
-        except (ValueError, TypeError, IndexError):  # InvalidProblemError is a ValueError
-            problems.append(None)
-    good = [k for k, p in enumerate(problems) if p is not None]
-    n = len(rows)
-    out: dict[str, Any] = {"yardstick": yardstick_name(options), "key": [None] * n,
-                           "compliance": np.full(n, np.nan), "densities": [None] * n,
-                           "iterations": np.zeros(n, np.int64), "converged": np.zeros(n, bool)}
-    if not good:
-        return out
-    cases = [problems[k][0] for k in good]
-    seeds = [problems[k][1] for k in good]
-    by_shape: dict[tuple, list[int]] = {}
-    for j, case in enumerate(cases):
-        by_shape.setdefault(tuple(case.shape), []).append(j)
-    for members in by_shape.values():
-        res = optimum_batch(stack_load_cases([cases[j] for j in members]),
-                            np.stack([seeds[j] for j in members]), yardstick=options)
-        for m, j in enumerate(members):
-            k = good[j]
-            out["key"][k] = optimum_key(cases[j], seeds[j],
-                                        options=grid_options(options, cases[j].ndim))
-            out["compliance"][k] = float(res.compliance[m])
-            out["densities"][k] = np.asarray(res.densities[m], np.float64)
-            out["iterations"][k] = int(res.iterations[m])
-            out["converged"][k] = bool(res.converged[m])
-    return out
-
-
-def optimum_fields(result: dict) -> list[dict | None]:
-    """The records' ``optimum`` fields from an :func:`optima_task` result.
-
-    Each is ``{"yardstick", "key", "compliance", "densities", "iterations",
-    "converged"}`` (a non-finite compliance is None), or None for a record that
-    is not a problem.
-    """
-    fields = []
-    for k, key in enumerate(result["key"]):
-        if key is None:
-            fields.append(None)
-            continue
-        c = float(result["compliance"][k])
-        fields.append({"yardstick": result["yardstick"], "key": str(key),
-                       "compliance": c if math.isfinite(c) else None,
-                       "densities": np.asarray(result["densities"][k]).tolist(),
-                       "iterations": int(result["iterations"][k]),
-                       "converged": bool(result["converged"][k])})
-    return fields
+    records = [{"ground_truth": g, "input_grid": i, "gravity_dir": d} for g, i, d in rows]
+    cache = OptimumCache(yardstick=yardstick, num_devices=1, max_batch=max(1, len(rows)))
+    return optimum_fields(records, cache=cache)
 
 
 def sample_records(spec: CorpusSpec, sample: int, candidate_index: int,
@@ -502,19 +443,26 @@ def _load_arrays(path: pathlib.Path) -> dict | None:
         return None
 
 
-def _pack_optima(result: dict) -> dict:
-    """An :func:`optima_task` result as plain arrays (every row a problem)."""
-    if any(k is None for k in result["key"]):
+def _pack_optima(fields: list[dict | None]) -> dict:
+    """:func:`optima_task` fields as plain arrays (every record of a corpus is a problem)."""
+    if any(f is None for f in fields):
         raise CorpusError("a generated record is not a readable problem")
-    return {"yardstick": np.array(result["yardstick"]), "key": np.array(result["key"]),
-            "compliance": result["compliance"], "densities": np.stack(result["densities"]),
-            "iterations": result["iterations"], "converged": result["converged"]}
+    return {"yardstick": np.array([f["yardstick"] for f in fields]),
+            "key": np.array([f["key"] for f in fields]),
+            "compliance": np.array([np.nan if f["compliance"] is None else f["compliance"]
+                                    for f in fields], np.float64),
+            "densities": np.array([f["densities"] for f in fields], np.float64),
+            "iterations": np.array([f["iterations"] for f in fields], np.int64),
+            "converged": np.array([f["converged"] for f in fields], bool)}
 
 
-def _unpack_optima(arrays: dict) -> dict:
-    return {"yardstick": str(arrays["yardstick"]), "key": [str(k) for k in arrays["key"]],
-            "compliance": arrays["compliance"], "densities": list(arrays["densities"]),
-            "iterations": arrays["iterations"], "converged": arrays["converged"]}
+def _unpack_optima(arrays: dict) -> list[dict]:
+    return [{"yardstick": str(arrays["yardstick"][k]), "key": str(arrays["key"][k]),
+             "compliance": None if np.isnan(arrays["compliance"][k])
+             else float(arrays["compliance"][k]),
+             "densities": arrays["densities"][k].tolist(),
+             "iterations": int(arrays["iterations"][k]),
+             "converged": bool(arrays["converged"][k])} for k in range(len(arrays["key"]))]
 
 
 # ----------------------------------------------------------------------------
@@ -747,8 +695,7 @@ class _Run:
             _save_arrays(self.work / "solve" / f"{index:06d}.npz", value)
             self.solved[index] = value
         else:
-            packed = _pack_optima(value)
-            _save_arrays(self.work / "optima" / f"{index:06d}.npz", packed)
+            _save_arrays(self.work / "optima" / f"{index:06d}.npz", _pack_optima(value))
             self.optima[index] = value
 
     def _advance(self) -> bool:
@@ -768,7 +715,7 @@ class _Run:
                 continue
             if g not in self.optima:
                 break
-            fields = iter(optimum_fields(self.optima.pop(g)))
+            fields = iter(self.optima.pop(g))
             records: dict[str, list[dict]] = {name: [] for name in list_subjects()}
             for s in self._group_range(g):
                 for name, record in self._records(s).items():
@@ -989,7 +936,7 @@ def verify_optima(folder, count: int, *, seed: int = 0, engine: Engine | None = 
         handles = [engine.submit(optima_task, spec_key["yardstick"],
                                  [(r["ground_truth"], r["input_grid"], r["gravity_dir"])])
                    for _, _, r in chosen]
-        fresh = [optimum_fields(engine.result(h))[0] for h in handles]
+        fresh = [engine.result(h)[0] for h in handles]
     finally:
         if own:
             engine.close()
@@ -1078,7 +1025,7 @@ def add_optima(dataset_dir, *, engine: Engine | None = None, yardstick: str = "r
                 pending[engine.submit(optima_task, yardstick, rows)] = (name, lo)
             for handle in engine.wait(list(pending)):
                 key = pending.pop(handle)
-                fields[key] = optimum_fields(engine.result(handle))
+                fields[key] = engine.result(handle)
                 done += len(fields[key])
                 report("optima", done, total)
     finally:

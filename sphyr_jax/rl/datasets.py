@@ -87,7 +87,6 @@ def prompt_dataset(dataset_dir: str | os.PathLike, subjects: Sequence[str] | Non
     rows = []
     for name in names:
         records = load_subject(dataset_dir, name)
-        stored = {r["index"]: r.get("optimum") for r in records}
         for turns in rotations:
             spec = PromptSpec(style=style, template=template, rotations=int(turns),
                               few_shot=few_shot)
@@ -102,9 +101,7 @@ def prompt_dataset(dataset_dir: str | os.PathLike, subjects: Sequence[str] | Non
                     "rotation_count": s.rotation_count,
                     "sample_index": s.index,
                     "index": s.record_index,
-                    # A stored optimum is of the unturned problem (a turned one has
-                    # another key): only unturned rows carry it.
-                    "optimum": stored.get(s.record_index) if s.rotation_count == 0 else None,
+                    "optimum": s.optimum,  # unturned rows only: a turn is another problem
                 })
     if not any(row["optimum"] is not None for row in rows):
         for row in rows:

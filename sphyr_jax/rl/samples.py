@@ -45,6 +45,9 @@ class Sample:
         ground_truth: the dataset answer as text.
         gravity_dir: the (row, col) load direction it is scored with.
         rotation_count: clockwise quarter turns applied to the record.
+        optimum: the record's stored optimum (a corpus's records carry one;
+            None for a turned sample, whose problem is another), used by
+            scoring while its key is the sample's.
         rows, cols: the grid's size (derived).
         masked_cells: the number of ``V`` cells to fill (derived).
     """
@@ -57,6 +60,7 @@ class Sample:
     ground_truth: str
     gravity_dir: tuple[float, ...] = DEFAULT_GRAVITY
     rotation_count: int = 0
+    optimum: dict | None = dataclasses.field(default=None, compare=False, repr=False)
     rows: int = dataclasses.field(init=False)
     cols: int = dataclasses.field(init=False)
     masked_cells: int = dataclasses.field(init=False)
@@ -116,6 +120,7 @@ def build_samples(records: Sequence[dict], subject: str, spec: PromptSpec | None
             ground_truth=grid_to_text(as_grid(record["ground_truth"])),
             gravity_dir=gravity,
             rotation_count=spec.rotations,
+            optimum=record.get("optimum") if spec.rotations % 4 == 0 else None,
         ))
     return samples
 
