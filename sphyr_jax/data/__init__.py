@@ -5,8 +5,13 @@ simulation CSVs to the 16 subjects (:mod:`~sphyr_jax.data.convert`), and new
 samples of any size from the project's own optimiser: one driver and the pieces
 every generator shares (:mod:`~sphyr_jax.data.generation`), run with the
 v1-style rules (:mod:`~sphyr_jax.data.generate`) or the SPhyR-v2 rules
-(:mod:`~sphyr_jax.data.generate_v2`).  Built on :mod:`sphyr_jax.problem` and, for
-generation, :mod:`sphyr_jax.topopt`.
+(:mod:`~sphyr_jax.data.generate_v2`).  Training corpora at any scale
+(:mod:`~sphyr_jax.data.corpus`: keyed v2 candidates, the same bytes in this
+process or on a Ray cluster, :mod:`~sphyr_jax.data.engines`), held apart from the
+benchmark sets (:mod:`~sphyr_jax.data.exclusion`), each record with its stored
+optimum.  Built on :mod:`sphyr_jax.problem` and, for generation,
+:mod:`sphyr_jax.topopt` and :mod:`sphyr_jax.scoring` (the optima are keyed as a
+scorer reads a record).
 
 The embedded sets ship with the package (``sphyr_jax/data/sets``):
 :func:`embedded` gives the folder of one by name, wherever sphyr_jax is

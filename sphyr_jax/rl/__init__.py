@@ -4,8 +4,10 @@
 every completion of a GRPO step in one batched call (each sample's optimum
 computed once and kept in an optimum cache, every completion one batched
 finite-element solve) and gives 0 to anything that is not a complete grid;
-:func:`prompt_dataset` builds the matching ``datasets.Dataset`` from any
-subjects, rotations and prompt style.  :class:`TopologyEnvironment` is the
+:func:`prompt_dataset` builds the matching ``datasets.Dataset`` (any subjects,
+rotations and prompt style): ``split="train"`` from a generated training corpus
+(:mod:`sphyr_jax.data.corpus`; its stored optima spare the reward the optimiser),
+``split="test"`` from the benchmark sets.  :class:`TopologyEnvironment` is the
 environment's episode logic (one masked sample per episode, optional revision
 rounds that show the simulation's verdict, :mod:`sphyr_jax.rl.feedback`), and
 :mod:`sphyr_jax.rl.server` serves it with ``openenv-core`` under the
