@@ -80,10 +80,31 @@ def _rewrite(root: griffe.Module, owner, text: str) -> str:
     return ROLE.sub(replace, text)
 
 
-class SphinxRoles(griffe.Extension):
-    """Rewrite the Sphinx roles of every docstring of the package once it is loaded."""
+def _hide_reexports(pkg: griffe.Module) -> None:
+    """A module's API entry shows what it defines: re-exported names stay at their home.
+
+    ``sphyr_jax.fem.fea`` lists the solver classes in its ``__all__`` for callers'
+    convenience; rendering them there too would document each twice.  Packages
+    (``sphyr_jax``, ``sphyr_jax.rl`` ...) keep their re-exports (their pages name
+    them one by one).
+    """
+
+    def visit(module: griffe.Module) -> None:
+        for member in list(module.members.values()):
+            if member.is_alias:
+                if not module.is_init_module:
+                    member.public = False
+            elif member.is_module:
+                visit(member)
+
+    visit(pkg)
+
+
+class SiteDocstrings(griffe.Extension):
+    """Once the package is loaded: roles become links, re-exports stay at their home."""
 
     def on_package(self, *, pkg: griffe.Module, **kwargs) -> None:
+        _hide_reexports(pkg)
         seen = set()
 
         def visit(obj) -> None:
