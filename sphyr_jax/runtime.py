@@ -89,11 +89,16 @@ class CompileCounter:
     Uses JAX's own monitoring events: every backend compilation reports its
     duration, whether or not the persistent cache then serves it.
 
-    Example::
-
-        with CompileCounter() as cc:
-            sj.compliance(case, rho)
-        print(cc.count, cc.seconds)
+    Example:
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> from sphyr_jax.runtime import CompileCounter
+        >>> double = jax.jit(lambda x: 2 * x)
+        >>> x, y = jnp.ones(3), jnp.zeros(3)
+        >>> with CompileCounter() as cc:
+        ...     _ = double(x), double(y)  # one shape: one compilation
+        >>> cc.count
+        1
     """
 
     def __init__(self):
