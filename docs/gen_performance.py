@@ -117,7 +117,8 @@ def leaderboards_page(folder: pathlib.Path = BOARDS) -> str:
                               for m in board_models] for s in subjects]
         commands = "\n".join(board.get("commands", []))
         parts += [f"## {BOARD_NAMES.get(name, name)} {{#{name}}}", "",
-                  f"Yardstick: `{board.get('optimum', 'reference')}`. Models: {board.get('models', '')}.",
+                  f"Yardstick: `{board.get('optimum', 'reference')}`. "
+                  f"Models: {board.get('models', '')}.",
                   "", f"```bash\n{commands}\n```", "",
                   f"Run summary: {board['summary']}." if board.get("summary") else "", "",
                   markdown_table(["subject"] + [f"`{m}`" for m in board_models], rows), ""]

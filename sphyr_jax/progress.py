@@ -13,7 +13,7 @@ long run) continues the same count.  Any callable with that signature works;
 * elsewhere (a log, CI, a pipe), one line per stage when it reaches its total:
   ``<stage>: <done>/<total> in <seconds> s (<rate>/s)``.
 
-Example:
+Examples:
     Any long call takes ``progress=ProgressBar()``; off a terminal a stage is one line:
 
     >>> import io

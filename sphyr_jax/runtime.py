@@ -89,7 +89,7 @@ class CompileCounter:
     Uses JAX's own monitoring events: every backend compilation reports its
     duration, whether or not the persistent cache then serves it.
 
-    Example:
+    Examples:
         >>> import jax
         >>> import jax.numpy as jnp
         >>> from sphyr_jax.runtime import CompileCounter

@@ -28,6 +28,7 @@ from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation.baselines import baseline_records
 from sphyr_jax.scoring.results import rescore_tree
 
+
 def _records(n=3):
     """The first records of the solid baseline on the embedded ``full_easy`` (as
     ``baselines`` writes them: results trees are regenerated, not shipped)."""

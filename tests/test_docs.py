@@ -16,7 +16,6 @@ import ast
 import pathlib
 import re
 
-import pytest
 from conftest import REPO
 
 import sphyr_jax

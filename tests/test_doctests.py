@@ -1,6 +1,6 @@
 """The docstrings' examples run: every ``>>>`` example of the package is a doctest.
 
-Examples are written as doctests (Google ``Example:`` sections with ``>>>`` lines
+Examples are written as doctests (Google ``Examples:`` sections with ``>>>`` lines
 and the output they print), so each one executes and its output is checked here;
 the older Sphinx ``Example::`` literal blocks, which nothing ran, are not allowed.
 Examples that need an extra's package (the server's ``openenv``) run where it is

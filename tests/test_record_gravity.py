@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 from absl import flags
-from conftest import REPO, SETS
+from conftest import SETS
 from test_generate_v2 import scipy_compliance
 
 from sphyr_jax.app import common

@@ -119,7 +119,7 @@ def embedded(name: str = "dataset") -> str:
     Raises:
         DatasetError: an unknown name, or a set missing from this installation.
 
-    Example:
+    Examples:
         >>> from sphyr_jax.data import embedded, load_subject
         >>> records = load_subject(embedded("dataset_v2"), "full_easy")
         >>> len(records), sorted(records[0])

@@ -122,7 +122,7 @@ def evaluate(model, *, results_root, dataset=None, subjects: Sequence[str] | Non
     Returns:
         The :class:`RunSummary`.
 
-    Example:
+    Examples:
         A Python callable as the model (``"qwen2.5:7b"`` with
         ``backend_options={"base_url": "http://127.0.0.1:11434/v1"}`` asks an
         endpoint instead):

@@ -90,7 +90,7 @@ class TopologyReward:
         max_memory_entries: optima the cache keeps in memory, least recently
             used dropped first (None: no bound; the folder keeps them all).
 
-    Example:
+    Examples:
         In a trainer, ``GRPOTrainer(model=..., reward_funcs=TopologyReward(cache_dir=...),
         train_dataset=prompt_dataset(...))``; called directly, as the trainer calls it:
 

@@ -356,7 +356,7 @@ class ServerThread:
     logging configuration is left as it is.  It stops on
     :meth:`stop`, on leaving a ``with`` block, or by itself after ``lifetime_s``.
 
-    Example:
+    Examples:
         >>> from openenv.core import GenericEnvClient
         >>> from sphyr_jax.data import embedded
         >>> with ServerThread(create_app(embedded("dataset"))) as server:
