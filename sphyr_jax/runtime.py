@@ -58,8 +58,8 @@ def default_compilation_cache() -> str:
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
     """Keep every compiled program in JAX's persistent compilation cache.
 
-    A fresh process then loads sphyr_jax's programs from disk (a fraction of a
-    second each) instead of compiling them.  Results are unaffected.
+    A fresh process then loads sphyr_jax's programs from disk instead of
+    compiling them.  Results are unaffected.
 
     Args:
         path: cache folder (created if missing); None: :func:`default_compilation_cache`;

@@ -131,6 +131,25 @@ def test_each_public_module_says_its_job():
     assert not silent, f"modules without a docstring: {silent}"
 
 
+# A measured figure: a time, a memory size, a rate or a speed-up (figures live in benchmarks/
+# and the performance page generated from their results, where they carry a machine and a date).
+FIGURE = re.compile(r"(?<![\w.])\d[\d.,]*\s?(ms|µs|us|s|sec|min|GB|MB|GiB|MiB|KB)\b(?!\w)"
+                    r"|\d[\d.]*\s?x (faster|slower)|solves/s|\bper second\b")
+
+
+def test_no_measured_figures_in_docstrings():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):  # private modules too
+        module = _module_name(path)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                for line in (ast.get_docstring(node, clean=False) or "").splitlines():
+                    if FIGURE.search(line):
+                        found.append(f"{module}.{getattr(node, 'name', '')}: {line.strip()}")
+    assert not found, "timings belong to benchmarks/results/*.json:\n" + "\n".join(found)
+
+
 def _source(module: str) -> pathlib.Path:
     path = PACKAGE.joinpath(*module.split(".")[1:])
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
