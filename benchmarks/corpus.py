@@ -24,6 +24,7 @@ Usage::
 
     python benchmarks/corpus.py [--samples 16] [--cores 2] [--grids 10,20] [--thousand]
         [--check_samples 100000] [--capacity_draws 200000] [--skip ray,throughput,...]
+        [--json benchmarks/results/corpus.json]
 
 Smoke (seconds, not figures): ``--samples 4 --grids 6 --quick --check_samples 2000
 --capacity_draws 2000``.
@@ -57,6 +58,10 @@ from sphyr_jax.data.exclusion import (  # noqa: E402
     pack_cells,
 )
 from sphyr_jax.data.generate_v2 import QUICK_V2_OPTIONS, V2Rules  # noqa: E402
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from record import table as record_table  # noqa: E402  (benchmarks/, the script's folder)
+from record import write_record  # noqa: E402
 
 
 def _digest(folder: pathlib.Path) -> str:
@@ -208,29 +213,34 @@ def thousand(quick: bool, cores: int, min_layout: int) -> dict:
             "drawn": summary["drawn"], "rejected": summary["rejected"]}
 
 
+COLUMNS = ("kind", "grid", "engine / what", "samples/s", "per core", "notes")
+
+
+def _cells(r: dict) -> list[str]:
+    """One row of the table, as strings."""
+    if r["kind"] == "throughput":
+        note = f"{r['samples']} samples in {r['seconds']:.1f} s"
+        if "same_bytes" in r:
+            note += (f"; same bytes: {r['same_bytes']}; Ray/in-process per core "
+                     f"{r['ray_vs_in_process']:.2f}")
+        return ["throughput", str(r["grid"]), r["engine"], f"{r['samples_per_second']:.3g}",
+                f"{r['per_core']:.3g}", note]
+    if r["kind"] == "checks":
+        share = r["share_of_a_run_per_core"]
+        return ["checks", str(r["grid"]), f"{r['accepted']:,} accepted samples", "", "",
+                f"{r['seconds_per_candidate'] * 1e3:.2f} ms per candidate"
+                + (f", {100 * share:.2g}% of a run" if share else "")]
+    if r["kind"] == "thousand":
+        return ["1,000 samples", "10", "in-process", f"{1000 / r['seconds']:.3g}", "",
+                f"{r['seconds'] / 60:.1f} min, {r['drawn']} drawn, layouts "
+                f"{r['min_layout']} cells apart"]
+    return ["capacity", str(r["grid"]), f"{r['draws']:,} draws", "", "",
+            f"{r['layouts_6_apart']:,} layouts 6 cells apart"]
+
+
 def _table(rows: list[dict]) -> str:
-    lines = ["| kind | grid | engine / what | samples/s | per core | notes |",
-             "|---|---:|---|---:|---:|---|"]
-    for r in rows:
-        if r["kind"] == "throughput":
-            note = f"{r['samples']} samples in {r['seconds']:.1f} s"
-            if "same_bytes" in r:
-                note += (f"; same bytes: {r['same_bytes']}; Ray/in-process per core "
-                         f"{r['ray_vs_in_process']:.2f}")
-            lines.append(f"| throughput | {r['grid']} | {r['engine']} | "
-                         f"{r['samples_per_second']:.3g} | {r['per_core']:.3g} | {note} |")
-        elif r["kind"] == "checks":
-            share = r["share_of_a_run_per_core"]
-            lines.append(f"| checks | {r['grid']} | {r['accepted']:,} accepted samples | | | "
-                         f"{r['seconds_per_candidate'] * 1e3:.2f} ms per candidate"
-                         + (f", {100 * share:.2g}% of a run" if share else "") + " |")
-        elif r["kind"] == "thousand":
-            lines.append(f"| 1,000 samples | 10 | in-process | {1000 / r['seconds']:.3g} | | "
-                         f"{r['seconds'] / 60:.1f} min, {r['drawn']} drawn, layouts "
-                         f"{r['min_layout']} cells apart |")
-        else:
-            lines.append(f"| capacity | {r['grid']} | {r['draws']:,} draws | | | "
-                         f"{r['layouts_6_apart']:,} layouts 6 cells apart |")
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|---:|---|---:|---:|---|"]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -247,7 +257,7 @@ def main() -> None:
     parser.add_argument("--check_samples", type=int, default=100_000)
     parser.add_argument("--capacity_draws", type=int, default=200_000)
     parser.add_argument("--skip", default="", help="comma list: throughput,ray,checks,capacity")
-    parser.add_argument("--output_json", default=None)
+    parser.add_argument("--json", default=None, help="also write the run's results file here")
     args = parser.parse_args()
     sphyr_jax.enable_x64()
     sphyr_jax.enable_compilation_cache()
@@ -267,8 +277,9 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     print(f"cores {args.cores}, load average {load}")
     print(_table(rows))
-    if args.output_json:
-        pathlib.Path(args.output_json).write_text(json.dumps(rows, indent=2, default=str))
+    write_record(args.json, "corpus", title="Training corpora",
+                 tables=[record_table(COLUMNS, [_cells(r) for r in rows])],
+                 figures=json.loads(json.dumps(rows, default=str)))
 
 
 if __name__ == "__main__":
