@@ -4,8 +4,10 @@ Library functions take an optional ``progress`` callable and call it as
 ``progress(stage, done, total)``: once with ``done=0`` when a stage starts and
 again as its count moves (a batched stage may only report its start and its
 end).  A stage that reaches its total and starts again (the next chunk of a
-long run) continues the same count.  Any callable with that signature works;
-:class:`ProgressBar` is the one the app uses:
+long run) continues the same count.  A stage whose first report is already
+under way (``0 < done < total``: a resumed job's work done by an earlier run)
+shows that count but leaves it out of its rate and time left.  Any callable
+with that signature works; :class:`ProgressBar` is the one the app uses:
 
 * on a terminal, one live ``tqdm`` bar per stage (count, elapsed time, rate
   and estimated time left), redrawn every second while the stage runs, so a
@@ -43,6 +45,7 @@ Progress = Callable[[str, int, int], None]
 @dataclasses.dataclass
 class _Stage:
     offset: int = 0  # count of its earlier runs
+    initial: int = 0  # count done before this job (a resumed one): not in the rate
     done: int = 0
     total: int = 0
     spent: float = 0.0  # seconds of its earlier runs
@@ -86,6 +89,8 @@ class ProgressBar:
         done, total = max(0, min(int(done), int(total))), int(total)
         now = time.perf_counter()
         with self._lock:
+            if stage not in self._stages and 0 < done < total:
+                self._stages[stage] = _Stage(initial=done)
             st = self._stages.setdefault(stage, _Stage())
             if st.started is None:  # a new stage, or one that had reached its total
                 if st.total and (done, total) == (st.done, st.total):
@@ -104,7 +109,8 @@ class ProgressBar:
     def _draw(self, stage: str, st: _Stage) -> None:
         if st.bar is None:
             st.bar = _bar_class()(total=st.offset + st.total, desc=stage, file=self.stream,
-                                  dynamic_ncols=True, leave=True, mininterval=0.0)
+                                  dynamic_ncols=True, leave=True, mininterval=0.0,
+                                  initial=st.initial)
             st.bar.clock = st.elapsed
             self._start_ticker()
         st.bar.total = st.offset + st.total
@@ -114,7 +120,7 @@ class ProgressBar:
     def _line(self, stage: str, st: _Stage) -> None:
         seconds = st.elapsed()
         count = st.offset + st.done
-        rate = f"{count / seconds:.3g}/s" if seconds > 0 else "-"
+        rate = f"{(count - st.initial) / seconds:.3g}/s" if seconds > 0 else "-"
         self.stream.write(f"{stage}: {count}/{st.offset + st.total} in {seconds:.1f} s "
                           f"({rate})\n")
         self.stream.flush()

@@ -191,9 +191,16 @@ def test_a_crashed_run_started_again_writes_the_same_bytes(built, tmp_path):
         cp.build_corpus(SPEC, again, engine=engine, exclusion=index)
     manifest = json.loads((again / cp.MANIFEST).read_text())
     assert not manifest["complete"] and (again / cp.WORK / "solve").is_dir()
+    reports = []
     with LocalEngine(2) as engine:
-        summary = cp.build_corpus(SPEC, again, engine=engine, exclusion=index)
+        summary = cp.build_corpus(SPEC, again, engine=engine, exclusion=index,
+                                  progress=lambda *r: reports.append(r))
     assert _files(again) == _files(folder)
+    # Progress: the written samples count on from what the first run wrote, to the total.
+    written = [done for stage, done, total in reports if stage == "samples" and total == 8]
+    assert written[0] == manifest["files_done"] * SPEC.samples_per_file
+    assert written == sorted(written) and written[-1] == 8
+    assert max(done for stage, done, _ in reports if stage == "accepted") == 8
     assert summary["tasks"]["solve"] < 3 + summary["batches"]  # cached solves not redone
     # Complete: a third run leaves it as it is; another spec is refused.
     assert cp.build_corpus(SPEC, again, exclusion=index)["resumed"]
@@ -269,6 +276,26 @@ def test_app_generates_the_library_corpus(built, tmp_path, monkeypatch, capsys):
     assert _files(out) == _files(library)
 
 
+def test_app_optima_writes_a_sets_optima_beside_its_records(tmp_path, monkeypatch, capsys):
+    """``optima`` on a benchmark-style folder: a sidecar per subject, the records untouched,
+    and each record read back with its own optimum, equal to a recomputation."""
+    folder = tmp_path / "set"
+    folder.mkdir()
+    source = (SETS / "dataset_v2" / "3_random_row_easy.jsonl").read_text().splitlines()
+    (folder / "3_random_row_easy.jsonl").write_text("\n".join(source[:3]) + "\n")
+    before = (folder / "3_random_row_easy.jsonl").read_bytes()
+    status = run_app(["optima", f"--dataset_dir={folder}", "--progress=false"], monkeypatch)
+    assert status == 0
+    assert "optima of 3 records (1 subjects, reference yardstick)" in capsys.readouterr().out
+    assert (folder / "3_random_row_easy.jsonl").read_bytes() == before
+    assert sidecar_path(folder, "3_random_row_easy").is_file()
+    records = load_subject(folder, "3_random_row_easy")
+    cases, seeds, fresh = _recomputed(records)
+    for k, record in enumerate(records):
+        assert record["optimum"]["key"] == optimum_key(cases[k], seeds[k])
+        assert math.isclose(record["optimum"]["compliance"], fresh.compliance[k], rel_tol=1e-9)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--engine=ray"], "applies to v2 generation only"),
     (["--dataset_version=v2", "--draw_order=sequential", "--format=parquet"],
@@ -331,6 +358,11 @@ def test_scorers_use_a_current_stored_optimum_and_reoptimise_a_stale_one(built, 
                                gravity_dir=[record["gravity_dir"]], optimum=[marked["optimum"]])
     assert metrics["optimal_compliance"] == marked["optimum"]["compliance"]
     assert reward.cache.computed == 0
+    [stale] = reward.metrics(completions=[answer], ground_truth=[edited["ground_truth"]],
+                             input_grid=[edited["input_grid"]],
+                             gravity_dir=[edited["gravity_dir"]], optimum=[marked["optimum"]])
+    assert reward.cache.computed == 1
+    assert math.isclose(stale["optimal_compliance"], recomputed.compliance[0], rel_tol=1e-9)
     # The environment and evaluate read the corpus's records with their optima.
     env_cache = OptimumCache()
     env = TopologyEnvironment(str(folder), cache=env_cache)

@@ -4,6 +4,7 @@ the reporter that draws them (tqdm bars on a terminal, one line per stage elsewh
 from __future__ import annotations
 
 import io
+import math
 import re
 import time
 
@@ -44,6 +45,28 @@ def test_a_stage_that_starts_again_continues_its_count():
     assert [line.split(" in ")[0] for line in lines] == ["analysis: 3/3", "analysis: 5/5"]
     seconds = float(re.search(r" in ([\d.]+) s", lines[1]).group(1))
     assert 0.25 <= seconds < 0.6, lines
+
+
+def test_a_resumed_stage_leaves_its_earlier_count_out_of_the_rate():
+    """A job started again (a corpus whose first files an earlier run wrote) shows the
+    earlier count, but its rate is this run's own: 4 in about 0.4 s, not 10."""
+    out = io.StringIO()
+    with ProgressBar(out, terminal=False) as progress:
+        progress("samples", 6, 10)
+        time.sleep(0.4)
+        progress("samples", 10, 10)
+    seconds, rate = re.fullmatch(r"samples: 10/10 in ([\d.]+) s \(([\d.]+)/s\)\n",
+                                 out.getvalue()).groups()
+    assert float(seconds) >= 0.35
+    assert math.isclose(float(rate), 4 / float(seconds), rel_tol=0.05)
+    bar = io.StringIO()
+    with ProgressBar(bar, terminal=True, refresh_s=0) as progress:
+        progress("samples", 6, 10)
+        time.sleep(0.3)
+        progress("samples", 8, 10)
+    # tqdm's rate: (8 - 6) in about 0.3 s (about 7/s), well under 8 / 0.3
+    rates = [float(r) for r in re.findall(r"8/10 \[[\d:]+<[\d:?]+, +([\d.]+)it/s", bar.getvalue())]
+    assert rates and 1 < rates[-1] < 12, bar.getvalue()
 
 
 def test_on_a_terminal_a_live_bar_whose_clock_moves_while_nothing_reports():

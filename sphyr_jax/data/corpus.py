@@ -773,8 +773,10 @@ class _Run:
         if done is not None:
             return {**done, "resumed": True}
         resumed = self.manifest["files_done"]
-        for stage in ("accepted", "samples"):
-            self.report(stage, 0, self.spec.num_samples)
+        self.report("accepted", 0, self.spec.num_samples)
+        # Samples written by an earlier run: shown, but not part of this run's rate.
+        self.report("samples", min(resumed * self.spec.samples_per_file, self.spec.num_samples),
+                    self.spec.num_samples)
         try:
             while self._unfinished():
                 while self._advance() | self._dispatch():
@@ -847,7 +849,8 @@ def build_corpus(spec: CorpusSpec, output_dir, *, engine: Engine | None = None,
             :func:`~sphyr_jax.data.exclusion.load_exclusion_index`).
         exclude_defaults: with ``exclusion`` None, False excludes nothing.
         progress: optional callable(stage, done, total); stages ``"accepted"``
-            and ``"samples"`` (written).
+            and ``"samples"`` (written; a resumed run's first ``"samples"``
+            report counts the samples an earlier run wrote).
 
     Returns:
         The summary: ``kept``, ``drawn`` (candidates up to the last accepted
