@@ -30,14 +30,17 @@ the package for a grid size (the published 10x10 set and its three turns and
 ``dataset_v2`` at 10x10, ``dataset_v2_20`` at 20x20) and
 :func:`load_exclusion_index` builds their index, plus any other folders.
 
-Example::
+Examples:
+    A benchmark sample's own layout is refused; a candidate's reason is None
+    when it is far enough from every benchmark sample:
 
-    from sphyr_jax.data.exclusion import load_exclusion_index
-
-    index = load_exclusion_index(10)
-    reason = index.check(load_mask, support_mask, solid=easy_answer >= 0.5)
-    # None: far enough from every benchmark sample; else "excluded_layout" or
-    # "excluded_structure"
+    >>> import numpy as np
+    >>> from sphyr_jax.data import embedded, load_subject
+    >>> from sphyr_jax.data.exclusion import load_exclusion_index
+    >>> index = load_exclusion_index(10)
+    >>> answer = np.asarray(load_subject(embedded("dataset_v2"), "full_easy")[0]["ground_truth"])
+    >>> index.check(answer == "L", answer == "S")
+    'excluded_layout'
 """
 
 from __future__ import annotations
