@@ -21,6 +21,7 @@ MODULES = (
     "plot",
     "evaluate",
     "serve",
+    "export",
 )
 
 
