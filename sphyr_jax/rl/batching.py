@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import threading
 import time
@@ -269,6 +270,8 @@ class BatchingScorer:
         queue = self._queues.pop(asyncio.get_running_loop(), None)
         if queue is not None and queue.task is not None:
             queue.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await queue.task
 
     def close(self) -> None:
         """Stop the scoring worker (pending coroutine requests are abandoned)."""
