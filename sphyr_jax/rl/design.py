@@ -32,6 +32,7 @@ its signature and docstring), so this class has exactly one: ``simulate``.
 from __future__ import annotations
 
 import threading
+import weakref
 
 from sphyr_jax.rl.batching import BatchingScorer
 from sphyr_jax.rl.feedback import verdict
@@ -82,19 +83,30 @@ class DesignEnvironment:
 
     _shared: _Shared | None = None
     _class_lock = threading.Lock()
+    _by_scorer: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __init__(self, scorer: BatchingScorer | None = None):
-        self._own = None if scorer is None else _Shared(scorer)
+        self._own = None if scorer is None else self._sharing(scorer)
         self.record: dict | None = None
         self.last_grid: str | None = None
         self.last_metrics: dict | None = None
         self.simulations = 0
 
     @classmethod
+    def _sharing(cls, scorer: BatchingScorer) -> _Shared:
+        """The one :class:`_Shared` of a scorer (every instance given it shares its waiting list)."""
+        with cls._class_lock:
+            shared = cls._by_scorer.get(scorer)
+            if shared is None:
+                shared = cls._by_scorer[scorer] = _Shared(scorer)
+            return shared
+
+    @classmethod
     def use(cls, scorer: BatchingScorer | None) -> None:
         """Share ``scorer`` among the instances made without one (None: a fresh default)."""
+        shared = None if scorer is None else cls._sharing(scorer)
         with cls._class_lock:
-            cls._shared = None if scorer is None else _Shared(scorer)
+            cls._shared = shared
 
     def _scoring(self) -> _Shared:
         if self._own is not None:
