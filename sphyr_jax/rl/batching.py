@@ -14,8 +14,8 @@ Two ways in, both batched:
 * ``await scorer.score_async(records)`` from coroutines (servers, veRL's
   reward loop): requests queued while a batch is scored form the next batch;
   the first request of a batch lets the other tasks of the same event-loop
-  tick join it, and, while requests have been overlapping, waits up to
-  ``window_s`` for more.
+  tick join it, and, when others joined or requests have been overlapping,
+  waits up to ``window_s`` for more.
 * ``scorer.score(records)`` from threads (veRL's executor threads, agent
   frameworks that run episodes in threads): the first caller leads, collects
   the callers that arrive while it waits or scores, and hands the lead to a
@@ -235,7 +235,7 @@ class BatchingScorer:
                 await queue.wait()
                 for _ in range(_TICKS):  # let the other tasks of this tick queue theirs
                     await asyncio.sleep(0)
-                if crowded and self.window_s:
+                if (crowded or len(queue.pending) > 1) and self.window_s:  # company: wait
                     deadline = loop.time() + self.window_s
                     while queue.size < self.max_batch:
                         remaining = deadline - loop.time()

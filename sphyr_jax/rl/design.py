@@ -94,7 +94,7 @@ class DesignEnvironment:
 
     @classmethod
     def _sharing(cls, scorer: BatchingScorer) -> _Shared:
-        """The one :class:`_Shared` of a scorer (every instance given it shares its waiting list)."""
+        """The one :class:`_Shared` of a scorer: instances given it share its waiting list."""
         with cls._class_lock:
             shared = cls._by_scorer.get(scorer)
             if shared is None:
