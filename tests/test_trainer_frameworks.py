@@ -358,7 +358,6 @@ def test_verl_reward_loop_batches_a_chunk_into_one_scoring_call(
     from verl.experimental.reward_loop import RewardLoopWorker
 
     from sphyr_jax.rl import verl as verl_reward
-
     from sphyr_jax.rl.batching import BatchingScorer
 
     # veRL decodes each response on its executor threads before the reward is awaited: a
