@@ -378,7 +378,7 @@ def test_a_killed_run_resumes_without_losing_or_repeating(data, optima, tmp_path
         assert len(lost) <= 4  # at most the answers of calls in flight (concurrency 2)
 
         first_hits = len(server.hits)
-        cmd = _evaluate_cmd(server.url, data, root, tmp_path / "optima", 8)
+        cmd = _evaluate_cmd(server.url, data, root, tmp_path / "optima", 8) + ["--progress"]
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=180)
         assert done.returncode == 0, done.stderr[-2000:]

@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO, SETS
+from conftest import SETS
 
 from sphyr_jax import training
+from sphyr_jax.evaluation.baselines import write_baseline_results
 from sphyr_jax.fem import fea
 from sphyr_jax.problem.grids import densities_from_grid, parse_number
 from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
@@ -279,7 +280,6 @@ def test_complete_and_score_scores_completions_physically(trained, full_easy_rec
 # ---------------------------------------------------------------------------
 # Symmetry: turned / mirrored problems through the model and the evaluation path.
 
-DATA = REPO / "data"  # the baselines' results trees
 TRANSFORMS = [(k, None) for k in range(1, 4)] + [(0, 1), (3, 0)]  # (turns, mirror axis)
 
 
@@ -401,7 +401,8 @@ def test_leaderboard_scores_every_group_beside_baselines_and_stored_completions(
         (s, d) for s in subjects for d in ("down", "right")}
     groups = training.add_turned_groups(groups)
     assert len(groups) == 8 and {g.source for g in groups} == {"dataset"}
-    stored = training.load_results_groups(DATA / "results", subjects, limit=2)
+    write_baseline_results(SETS / "dataset", tmp_path / "results", models=("solid",))
+    stored = training.load_results_groups(tmp_path / "results", subjects, limit=2)
     solid_stored = [g for g in stored if "solid" in g.others]
     assert len(solid_stored) == 2 and all(g.direction == "down" for g in solid_stored)
     board = training.build_leaderboard(model, groups + solid_stored, AnswerAsOptimum())

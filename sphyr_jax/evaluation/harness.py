@@ -122,14 +122,22 @@ def evaluate(model, *, results_root, dataset=None, subjects: Sequence[str] | Non
     Returns:
         The :class:`RunSummary`.
 
-    Example::
+    Examples:
+        A Python callable as the model (``"qwen2.5:7b"`` with
+        ``backend_options={"base_url": "http://127.0.0.1:11434/v1"}`` asks an
+        endpoint instead):
 
-        from sphyr_jax.data import embedded
-        from sphyr_jax.evaluation.harness import evaluate
-
-        summary = evaluate("qwen2.5:7b", dataset=embedded("dataset"), results_root="results",
-                           backend_options={"base_url": "http://127.0.0.1:11434/v1"})
-        print(summary.table())
+        >>> import tempfile
+        >>> import sphyr_jax as sj
+        >>> from sphyr_jax.data import embedded
+        >>> from sphyr_jax.evaluation.harness import evaluate
+        >>> def fill_solid(prompt):
+        ...     return sj.grid_to_text(sj.extract_grid(prompt)).replace("V", "1")
+        >>> with tempfile.TemporaryDirectory() as root:
+        ...     summary = evaluate(fill_solid, dataset=embedded("dataset"), results_root=root,
+        ...                        subjects=["1_random_cell_easy"], sample_count=2)
+        >>> summary.answered, summary.scored, summary.failures
+        (2, 2, [])
     """
     enable_x64()  # an entry point: float64 before any work
     if isinstance(model, str):

@@ -161,10 +161,21 @@ class TopologyReward:
         max_memory_entries: optima the cache keeps in memory, least recently
             used dropped first (None: no bound; the folder keeps them all).
 
-    Example::
+    Examples:
+        In a trainer, ``GRPOTrainer(model=..., reward_funcs=TopologyReward(cache_dir=...),
+        train_dataset=prompt_dataset(...))``; called directly, as the trainer calls it:
 
-        reward = TopologyReward(cache_dir="runs/optima")
-        trainer = GRPOTrainer(model=..., reward_funcs=reward, train_dataset=prompt_dataset(...))
+        >>> import sphyr_jax as sj
+        >>> from sphyr_jax.data import embedded, load_subject
+        >>> from sphyr_jax.rl import TopologyReward
+        >>> record = load_subject(embedded("dataset"), "1_random_cell_easy")[0]
+        >>> reward = TopologyReward()
+        >>> scores = reward(prompts=["", ""],
+        ...                 completions=[sj.grid_to_text(record["ground_truth"]), "no grid"],
+        ...                 input_grid=[record["input_grid"]] * 2,
+        ...                 ground_truth=[record["ground_truth"]] * 2)
+        >>> [round(s, 3) for s in scores]
+        [1.0, 0.0]
     """
 
     def __init__(self, cache: OptimumCache | None = None, cache_dir=None, *,

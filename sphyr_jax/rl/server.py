@@ -275,10 +275,14 @@ class ServerThread:
     logging configuration is left as it is.  It stops on
     :meth:`stop`, on leaving a ``with`` block, or by itself after ``lifetime_s``.
 
-    Example::
-
-        with ServerThread(create_app(embedded("dataset"))) as server:
-            client = GenericEnvClient(base_url=server.url).sync()
+    Examples:
+        >>> from openenv.core import GenericEnvClient
+        >>> from sphyr_jax.data import embedded
+        >>> with ServerThread(create_app(embedded("dataset"))) as server:
+        ...     with GenericEnvClient(base_url=server.url).sync() as env:
+        ...         task = env.reset(subject="1_random_cell_easy")
+        >>> task.observation["subject"], task.done
+        ('1_random_cell_easy', False)
     """
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0,
