@@ -179,6 +179,35 @@ def test_the_environment_serves_a_folder_with_one_subject(cache, tmp_path):
         assert env.step({"grid": fill(obs["grid"], "1.0")}).done
 
 
+def test_the_packaged_app_is_the_server_built_from_the_environment(tmp_path, monkeypatch):
+    """``openenv.yaml`` names the app its runtime (and the Dockerfile's uvicorn) starts: a
+    factory that reads the folder, the cache folder and the token from the environment."""
+    import importlib
+
+    from conftest import REPO
+
+    spec = dict(line.split(": ", 1) for line in (REPO / "openenv.yaml").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert spec["runtime"] == "fastapi" and spec["port"] == "8000"
+    assert spec["app"] in (REPO / "Dockerfile").read_text()
+    module, name = spec["app"].split(":")
+    factory = getattr(importlib.import_module(module), name)
+    folder = tmp_path / "one"
+    folder.mkdir()
+    shutil.copy(DATA / "1_random_row_hard.jsonl", folder)
+    monkeypatch.setenv("SPHYR_DATASET_DIR", str(folder))
+    monkeypatch.setenv("SPHYR_CACHE_DIR", str(tmp_path / "optima"))
+    monkeypatch.setenv("SPHYR_AUTH_TOKEN", "tok-123")
+    with ServerThread(factory()) as server:
+        assert httpx.get(f"{server.url}/health", timeout=30).status_code == 401
+        with GenericEnvClient(base_url=server.url.replace("http://", "http://u:tok-123@")
+                              ).sync() as env:
+            obs = env.reset().observation
+            assert obs["subject"] == "1_random_row_hard"  # the folder's only subject
+            assert env.step({"grid": fill(obs["grid"], "1.0")}).done
+    assert list((tmp_path / "optima").iterdir())  # the optimum kept in the cache folder
+
+
 def test_export_commands_write_rows_whose_labels_the_rewards_read(cache, tmp_path,
                                                                   monkeypatch):
     import pyarrow.parquet as pq

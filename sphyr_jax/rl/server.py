@@ -241,6 +241,28 @@ def create_app(dataset_dir, *, results_root=None, cache: OptimumCache | None = N
     return app
 
 
+def app_from_environment():
+    """The server as a container or an OpenEnv space starts it (``openenv.yaml``'s ``app``).
+
+    A factory of no arguments (``uvicorn --factory
+    sphyr_jax.rl.server:app_from_environment``): the dataset folder from the
+    variable ``SPHYR_DATASET_DIR`` (default: the embedded v1 set), the optimum
+    cache folder from ``SPHYR_CACHE_DIR`` (default: in memory), and the token
+    every request must present from ``SPHYR_AUTH_TOKEN`` (unset or empty: none).
+
+    Returns:
+        :func:`create_app` of those settings.
+    """
+    import os
+
+    from sphyr_jax.data import embedded
+
+    cache_dir = os.environ.get("SPHYR_CACHE_DIR") or None
+    return create_app(os.environ.get("SPHYR_DATASET_DIR") or embedded("dataset"),
+                      cache=OptimumCache(cache_dir) if cache_dir else None,
+                      auth_token=os.environ.get("SPHYR_AUTH_TOKEN") or None)
+
+
 def _config(app, host: str, port: int, log_level: str, own_logging: bool = True):
     import uvicorn
 
@@ -337,4 +359,4 @@ class ServerThread:
 
 
 __all__ = ["BatchingScorer", "SPhyRAction", "SPhyREnvironment", "SPhyRObservation",
-           "ServerThread", "TaskConfig", "create_app", "serve"]
+           "ServerThread", "TaskConfig", "app_from_environment", "create_app", "serve"]
