@@ -16,7 +16,8 @@ PROMPT_STYLES = ["default", "physics_enhanced", "physics_neutral", "load_directi
 
 flags.DEFINE_string("model", None,
                     "Model spec: an OpenAI-compatible model name (with --base_url), "
-                    "baseline:empty|solid|random|retrieval|copy_input, checkpoint:DIR or "
+                    "baseline:empty|solid|random|retrieval|retrieval_lookup|copy_input, "
+                    "checkpoint:DIR or "
                     "python:module:function.")
 flags.DEFINE_string("base_url", None,
                     "OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM), "
