@@ -203,23 +203,16 @@ def plain_grid(text: str) -> Grid | None:
 
 
 def fenced_grid(text: str) -> Grid | None:
-    """Token rows of a clean grid in a code fence that ends the text, read fast; None otherwise.
+    """:func:`plain_grid` of the body of a code fence that ends ``text``; None otherwise.
 
     The common shape of a chat model's answer: any prose, then a fence without
-    a language tag around a clean grid (:func:`plain_grid`), and nothing after
-    it.  Whenever this returns rows, :func:`extract_grid` returns the same rows
-    (the last rectangular grid of the text is the fenced one).
-
-    Args:
-        text: the text.
-
-    Returns:
-        The grid as token rows, or None.
+    a language tag around a clean grid, and nothing after it (a carriage
+    return anywhere: None).  Whenever this returns rows, :func:`extract_grid`
+    returns the same rows (the last rectangular grid of the text is the
+    fenced one).
     """
-    if "\r" in text:
-        return None
     stripped = text.rstrip()
-    if not stripped.endswith("```"):
+    if "\r" in text or not stripped.endswith("```"):
         return None
     _, fence, body = stripped[:-3].rpartition("```")
     if not fence or not body or body[0] not in " \t\n" or not body.strip():
