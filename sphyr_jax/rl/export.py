@@ -93,8 +93,15 @@ def export_dataset(dataset_dir, output: str | os.PathLike, trainer: Trainer, *,
         dataset_dir: a dataset folder, subject file or hub name.
         output: the file to write (parquet for ``verl``, JSONL for ``openrlhf``).
         trainer: ``"verl"`` or ``"openrlhf"``.
-        subjects, rotations, style, template, few_shot, sample_count, seed:
-            as :func:`~sphyr_jax.rl.prompt_dataset`.
+        subjects: subject names (None: every subject present).
+        rotations: clockwise quarter turns, one row per sample and turn.
+        style: the prompt style of the evaluation harness.
+        template: a prompt template with ``{GRID}`` (instead of ``style``).
+        few_shot: solved examples shown before the task.
+        sample_count: samples per subject after the published shuffle (None: all).
+        seed: the shuffle's seed.
+
+    The prompts are :func:`~sphyr_jax.rl.prompt_dataset`'s of the same options.
 
     Raises:
         UserInputError: as :func:`~sphyr_jax.rl.prompt_dataset`.
