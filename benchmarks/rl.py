@@ -1,18 +1,22 @@
-"""Reinforcement-learning throughput: the batched reward and the environment server.
+"""Reinforcement-learning throughput: the batched reward, the environment server and
+OpenRLHF's reward endpoint.
 
-Reward: 1,024 GRPO-shaped completions over 64 samples (16 each; 4 samples of
-each of the 16 subjects in the published order; each completion is the
+Reward: 1,024 GRPO-shaped completions (16 per sample; each completion is the
 dataset answer with 0-6 of its masked cells changed, half of them wrapped in
 prose and a code fence, one in eight not a grid at all) scored by one
 :func:`sphyr_jax.rl.topology_reward` call (a :class:`TopologyReward` with its
-own cache): with an empty optimum cache (every distinct optimum computed) and
-with the optima cached.  Compilation is done by a warm-up call first; figures
-are medians of ``--repeats`` runs, each timed call starting after a garbage
-collection.  The reference column, measured in the same
-run: the published method (``reference_method.py``, NumPy/SciPy), which
-re-runs the whole optimiser for every completion, timed on one valid
-completion of each subject and taken per completion; its scores must equal
-ours (1e-6).
+own cache), the dataset columns given as nested token lists (as ``datasets``
+delivers them): with an empty optimum cache (every distinct optimum computed)
+and with the optima cached.  Two sets, reported separately: the full-mask
+subjects (``full_easy``, ``full_hard``; 32 samples each: the issue's target,
+<= 0.15 ms per completion with optima cached and >= 1,000x the published
+method) and the 16-subject mix (4 samples of each subject).  Compilation is
+done by a warm-up call first; figures are medians of ``--repeats`` runs, each
+timed call starting after a garbage collection.  The reference column,
+measured in the same run: the published method (``reference_method.py``,
+NumPy/SciPy), which re-runs the whole optimiser for every completion, timed on
+one valid completion of each of ``--reference_samples`` samples of the set
+and taken per completion; its scores must equal ours (1e-6).
 
 Server: ``sphyr_jax.rl.server`` on a free 127.0.0.1 port in this process,
 driven by ``openenv``'s ``GenericEnvClient`` from a separate client process
@@ -23,10 +27,23 @@ session every 25 episodes, one step in ten a garbage answer) that must lose
 no request, with the server's resident memory before, a quarter of the way
 through and after.
 
+OpenRLHF endpoint: ``serve --protocol=openrlhf``'s application
+(:func:`sphyr_jax.rl.openrlhf.create_reward_app`) on a free 127.0.0.1 port
+in this process, optima cached, posted to from a separate client process as
+OpenRLHF's single-turn executor posts (aiohttp, a new session per request,
+one sample per request, ``--openrlhf_clients`` requests in flight; the query
+is the chat prompt followed by the answer and ``<|im_end|>``):
+completions/s with one-sample requests and with 64-sample requests (the
+issue's target: >= 2,000 completions/s on 2 cores), then a load test of
+``--openrlhf_requests`` one-sample requests (one in ten a garbage answer)
+that must lose none, each reward checked against the expected one, with the
+server's resident memory before, a quarter of the way through and after.
+
 Usage::
 
     python benchmarks/rl.py [--repeats 3] [--dataset_dir sphyr_jax/data/sets/dataset]
-        [--skip server] [--load_episodes 2000] [--json out.json]
+        [--skip reward,server,openrlhf] [--load_episodes 2000]
+        [--openrlhf_requests 4000] [--json out.json]
 """
 
 from __future__ import annotations
@@ -154,22 +171,39 @@ def _reference_seconds(samples, completions) -> tuple[float, list[float]]:
     return sum(seconds) / len(seconds), scores
 
 
-def bench_reward(dataset_dir, repeats: int) -> dict:
-    from sphyr_jax.data.datasets import list_subjects, load_subject
-    from sphyr_jax.rl import TopologyReward, build_samples
+FULL_MASK = ("full_easy", "full_hard")
+
+
+def _reward_set(dataset_dir, subjects, per_subject: int):
+    """(samples, completions per sample) of some subjects, 16 completions per sample."""
+    from sphyr_jax.data.datasets import load_subject
+    from sphyr_jax.rl import build_samples
 
     rng = random.Random(0)
     samples, completions = [], []
-    for subject in list_subjects():
-        for s in build_samples(load_subject(dataset_dir, subject), subject, sample_count=4):
+    for subject in subjects:
+        for s in build_samples(load_subject(dataset_dir, subject), subject,
+                               sample_count=per_subject):
             samples.append(s)
             completions.append(_completions(s, rng))
+    return samples, completions
+
+
+def bench_reward(dataset_dir, repeats: int, subjects=None, per_subject: int = 4,
+                 reference_samples: int = 16) -> dict:
+    from sphyr_jax.data.datasets import list_subjects
+    from sphyr_jax.problem.grids import as_grid
+    from sphyr_jax.rl import TopologyReward
+
+    samples, completions = _reward_set(dataset_dir, subjects or list_subjects(), per_subject)
     flat = [c for group in completions for c in group]
+    # the columns as a ``datasets`` row delivers them: grids as nested token lists, one
+    # list object per row (each completion's row built on its own, nothing shared)
     columns = {
         "prompts": [s.prompt for s in samples for _ in range(16)],
         "completions": flat,
-        "input_grid": [s.input_grid for s in samples for _ in range(16)],
-        "ground_truth": [s.ground_truth for s in samples for _ in range(16)],
+        "input_grid": [as_grid(s.input_grid) for s in samples for _ in range(16)],
+        "ground_truth": [as_grid(s.ground_truth) for s in samples for _ in range(16)],
         "gravity_dir": [list(s.gravity_dir) for s in samples for _ in range(16)],
         "subject": [s.subject for s in samples for _ in range(16)],
     }
@@ -189,8 +223,9 @@ def bench_reward(dataset_dir, repeats: int) -> dict:
         assert again == got and reward.cache.computed == computed
         assert rewards is None or got == rewards
         rewards = got
-    # The published method on one valid completion of each subject.
-    picked = [(i, 16 * i) for i in range(0, len(samples), 4)]  # each subject's first sample
+    # The published method on one valid completion (the first) of samples spread over the set.
+    step = max(1, len(samples) // max(1, reference_samples))
+    picked = [(i, 16 * i) for i in range(0, len(samples), step)][:reference_samples]
     ref_per, ref_scores = _reference_seconds([samples[i] for i, _ in picked],
                                              [flat[j] for _, j in picked])
     ours = [rewards[j] for _, j in picked]
@@ -257,7 +292,144 @@ def bench_server(dataset_dir, load_episodes: int) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------
+# OpenRLHF's reward endpoint.
+
+END = "<|im_end|>"
+
+
+def _openrlhf_client(url: str, items_path: str, clients: int, per_request: int) -> dict:
+    """Post every item as OpenRLHF's single-turn executor does; check each reward."""
+    import aiohttp
+
+    items = json.loads(pathlib.Path(items_path).read_text())
+    requests = [items[i:i + per_request] for i in range(0, len(items), per_request)]
+    lost: list[str] = []
+    wrong = 0
+    cursor = iter(range(len(requests)))
+
+    async def client() -> None:
+        nonlocal wrong
+        for k in cursor:
+            batch = requests[k]
+            payload = {"query": [b["query"] for b in batch],
+                       "prompts": [b["prompt"] for b in batch],
+                       "labels": [b["label"] for b in batch]}
+            try:  # a new session per request, as OpenRLHF's client opens
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=180)) as se, \
+                        se.post(url, json=payload) as response:
+                    response.raise_for_status()
+                    body = await response.json()
+                got = body["rewards"]
+                if len(got) != len(batch):
+                    lost.append(f"request {k}: {len(got)} rewards for {len(batch)} samples")
+                wrong += sum(abs(g - b["reward"]) > 1e-6 for g, b in zip(got, batch, strict=False))
+            except Exception as exc:  # counted, not fatal: the benchmark reports it
+                lost.append(f"request {k}: {exc!r}")
+
+    async def run() -> None:
+        await asyncio.gather(*(client() for _ in range(clients)))
+
+    t0 = time.perf_counter()
+    asyncio.run(run())
+    return {"requests": len(requests), "completions": len(items),
+            "seconds": time.perf_counter() - t0, "lost": lost[:10], "lost_count": len(lost),
+            "wrong_rewards": wrong}
+
+
+def _post_items(url: str, items: list, clients: int, per_request: int, tmp) -> dict:
+    path = pathlib.Path(tmp) / "items.json"
+    path.write_text(json.dumps(items))
+    out = subprocess.run([sys.executable, __file__, "--openrlhf_client", url, str(path),
+                          str(clients), str(per_request)],
+                         capture_output=True, text=True, timeout=1800, cwd=REPO)
+    if out.returncode != 0:
+        raise RuntimeError(f"client failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_openrlhf(dataset_dir, requests: int, clients: int) -> dict:
+    import tempfile
+
+    from sphyr_jax.data.datasets import list_subjects
+    from sphyr_jax.rl.batching import BatchingScorer
+    from sphyr_jax.rl.export import trainer_rows
+    from sphyr_jax.rl.openrlhf import create_reward_app, rewards_of
+    from sphyr_jax.rl.reward import prompt_dataset
+    from sphyr_jax.rl.server import ServerThread
+
+    rows = prompt_dataset(dataset_dir, list_subjects(), sample_count=4).to_list()
+    exported = trainer_rows(rows, "openrlhf")
+    rng = random.Random(1)
+    items = []
+    for row, out in zip(rows, exported, strict=True):  # 16 answers per sample, as a GRPO group
+        for j in range(16):
+            answer = row["ground_truth"]
+            if j % 10 == 9:
+                answer = "no grid here"
+            elif j % 2:
+                answer = row["input_grid"].replace("V", rng.choice(("0", "1")))
+            items.append({"prompt": out["prompt"], "label": out["label"],
+                          "query": out["prompt"] + answer + END, "answer": answer})
+    scorer = BatchingScorer()
+    expected = scorer.score_now([{"completion": it["answer"], "ground_truth": r["ground_truth"],
+                                  "input_grid": r["input_grid"], "gravity_dir": r["gravity_dir"]}
+                                 for it, r in zip(items, [r for r in rows for _ in range(16)],
+                                                  strict=True)])  # the optima, cached
+    for it, reward in zip(items, rewards_of(expected)["rewards"], strict=True):
+        it["reward"] = reward
+    app = create_reward_app(scorer)
+    out = {"distinct_samples": len(rows)}
+    with ServerThread(app, lifetime_s=3600) as server, tempfile.TemporaryDirectory() as tmp:
+        url = f"{server.url}/get_reward"
+        _post_items(url, items[:256], clients, 1, tmp)  # warm-up: batch sizes, every label
+        one = _post_items(url, items, clients, 1, tmp)
+        many = _post_items(url, items, clients, 64, tmp)
+        out["one_sample_requests_cps"] = one["completions"] / one["seconds"]
+        out["sixty_four_sample_requests_cps"] = many["completions"] / many["seconds"]
+        out["throughput_lost"] = one["lost_count"] + many["lost_count"]
+        out["throughput_wrong"] = one["wrong_rewards"] + many["wrong_rewards"]
+        calls, scored = scorer.calls, scorer.scored
+        load = [items[i % len(items)] for i in range(requests)]
+        quarter = len(load) // 4
+        rss = [_rss_mb()]
+        first = _post_items(url, load[:quarter], clients, 1, tmp)
+        rss.append(_rss_mb())
+        rest = _post_items(url, load[quarter:], clients, 1, tmp)
+        rss.append(_rss_mb())
+        out.update({
+            "load_requests": first["requests"] + rest["requests"],
+            "load_lost": first["lost_count"] + rest["lost_count"],
+            "load_lost_examples": first["lost"] + rest["lost"],
+            "load_wrong_rewards": first["wrong_rewards"] + rest["wrong_rewards"],
+            "load_cps": len(load) / (first["seconds"] + rest["seconds"]),
+            "load_scoring_calls": scorer.calls - calls,
+            "load_mean_batch": (scorer.scored - scored) / max(1, scorer.calls - calls),
+            "rss_mb_before": rss[0], "rss_mb_quarter": rss[1], "rss_mb_after": rss[2],
+        })
+    return out
+
+
+def _print_reward(name: str, r: dict, devices: str) -> None:
+    print(f"\ntopology_reward, {name}: {r['completions']} completions over {r['samples']} "
+          f"samples, columns as token lists ({r['optima_computed']} distinct optima; "
+          f"{r['valid']} completions score > 0), {devices}:")
+    print("| | seconds per call | ms per completion | vs the published method |")
+    print("|---|---|---|---|")
+    print(f"| empty optimum cache | {r['empty_cache_s']:.2f} | "
+          f"{r['empty_cache_ms_per_completion']:.2f} | {r['speedup_empty_cache']:.0f}x |")
+    print(f"| optima cached | {r['cached_s']:.3f} | {r['cached_ms_per_completion']:.3f} | "
+          f"{r['speedup_cached']:.0f}x |")
+    print(f"| published method (per completion, {r['reference_completions']} timed) | | "
+          f"{r['reference_ms_per_completion']:.0f} | 1x |")
+    print(f"scores equal to the published method's (1e-6): {r['equal_to_reference']}")
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--openrlhf_client":
+        url, items, clients, per_request = sys.argv[2:6]
+        print(json.dumps(_openrlhf_client(url, items, int(clients), int(per_request))))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         url, sessions, episodes, garbage, reconnect = sys.argv[2:7]
         print(json.dumps(_client(url, int(sessions), int(episodes), int(garbage),
@@ -267,7 +439,14 @@ def main() -> None:
     parser.add_argument("--dataset_dir", default=str(SETS / "dataset"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--load_episodes", type=int, default=2000)
-    parser.add_argument("--skip", default="", help="comma list: reward, server")
+    parser.add_argument("--reference_samples", type=int, default=16,
+                        help="samples of each set the published method is timed on")
+    parser.add_argument("--per_subject", type=int, default=0,
+                        help="samples per subject (0: 32 per full-mask subject, 4 in the mix)")
+    parser.add_argument("--openrlhf_requests", type=int, default=4000)
+    parser.add_argument("--openrlhf_clients", type=int, default=32)
+    parser.add_argument("--skip", default="",
+                        help="comma list: reward, mix, server, openrlhf")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -283,20 +462,19 @@ def main() -> None:
     enable_compilation_cache()
     results = {"devices": f"{jax.local_device_count()} x {jax.devices()[0].platform}"}
     if "reward" not in skip:
-        r = bench_reward(args.dataset_dir, args.repeats)
-        results["reward"] = r
-        print(f"topology_reward, {r['completions']} completions over {r['samples']} samples "
-              f"({r['optima_computed']} distinct optima; {r['valid']} completions score > 0), "
-              f"{results['devices']}:")
-        print("| | seconds per call | ms per completion | vs the published method |")
-        print("|---|---|---|---|")
-        print(f"| empty optimum cache | {r['empty_cache_s']:.2f} | "
-              f"{r['empty_cache_ms_per_completion']:.2f} | {r['speedup_empty_cache']:.0f}x |")
-        print(f"| optima cached | {r['cached_s']:.3f} | {r['cached_ms_per_completion']:.3f} | "
-              f"{r['speedup_cached']:.0f}x |")
-        print(f"| published method (per completion, {r['reference_completions']} timed) | | "
-              f"{r['reference_ms_per_completion']:.0f} | 1x |")
-        print(f"scores equal to the published method's (1e-6): {r['equal_to_reference']}")
+        sets = [("full-mask subjects", FULL_MASK, args.per_subject or 32)]
+        if "mix" not in skip:
+            sets.append(("the 16-subject mix", None, args.per_subject or 4))
+        for name, subjects, per in sets:
+            r = bench_reward(args.dataset_dir, args.repeats, subjects, per,
+                             args.reference_samples)
+            results["reward_full_mask" if subjects else "reward"] = r
+            _print_reward(name, r, results["devices"])
+        r = results["reward_full_mask"]
+        print(f"target (full-mask, optima cached: <= 0.15 ms per completion, >= 1,000x): "
+              f"{r['cached_ms_per_completion']:.3f} ms, {r['speedup_cached']:.0f}x -> "
+              + ("met" if r["cached_ms_per_completion"] <= 0.15 and r["speedup_cached"] >= 1000
+                 else "NOT met"))
     if "server" not in skip:
         s = bench_server(args.dataset_dir, args.load_episodes)
         results["server"] = s
@@ -309,6 +487,23 @@ def main() -> None:
               f"{s['load_scoring_calls']} (mean batch {s['load_mean_batch']:.1f}); server RSS "
               f"{s['rss_mb_before']:.0f} -> {s['rss_mb_quarter']:.0f} -> "
               f"{s['rss_mb_after']:.0f} MB")
+    if "openrlhf" not in skip:
+        o = bench_openrlhf(args.dataset_dir, args.openrlhf_requests, args.openrlhf_clients)
+        results["openrlhf"] = o
+        print(f"\nOpenRLHF endpoint (POST /get_reward, {o['distinct_samples']} samples x 16 "
+              f"answers, optima cached, {args.openrlhf_clients} requests in flight, client in "
+              "another process):")
+        print(f"  one-sample requests: {o['one_sample_requests_cps']:.0f} completions/s; "
+              f"64-sample requests: {o['sixty_four_sample_requests_cps']:.0f} completions/s "
+              f"(lost {o['throughput_lost']}, wrong rewards {o['throughput_wrong']})")
+        print(f"  load test: {o['load_requests']} one-sample requests at {o['load_cps']:.0f}/s, "
+              f"lost {o['load_lost']}, wrong rewards {o['load_wrong_rewards']}; scoring calls "
+              f"{o['load_scoring_calls']} (mean batch {o['load_mean_batch']:.1f}); server RSS "
+              f"{o['rss_mb_before']:.0f} -> {o['rss_mb_quarter']:.0f} -> "
+              f"{o['rss_mb_after']:.0f} MB")
+        print("target (>= 2,000 completions/s, none lost): "
+              + ("met" if o["one_sample_requests_cps"] >= 2000 and not o["load_lost"]
+                 else "NOT met with one-sample requests"))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
 

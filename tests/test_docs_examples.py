@@ -5,8 +5,9 @@ namespace of its own with JAX's float64 mode turned off before it (as in a fresh
 process), so a block that forgets an import or ``sj.enable_x64()`` fails here as it
 would for a reader.  A block identical to one of the README's is left to
 ``tests/test_readme.py``.  Blocks that import a package no extra of the project
-installs (``trl``, ``torch``) are not run; blocks that need an extra's package run
-where it is installed, and always under CI.
+installs (``vllm``), or that train a downloaded model (``trl``, ``torch``), are not
+run; blocks that need an extra's package run where it is installed, and always
+under CI.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from conftest import IN_CI, REPO, child_env
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 README_BLOCKS = {b for b in BLOCK.findall((REPO / "README.md").read_text(encoding="utf-8"))}
 EXTRA_PACKAGES = ("openenv",)  # the [env] extra: installed under CI
-OUTSIDE_PACKAGES = ("trl", "torch", "vllm")  # no extra of the project brings them
+OUTSIDE_PACKAGES = ("trl", "torch", "vllm")  # their blocks download or train models
 
 
 def _imports(block: str) -> set[str]:

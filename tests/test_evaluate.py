@@ -19,7 +19,7 @@ from sphyr_jax.evaluation import harness, runner, storage
 from sphyr_jax.evaluation.harness import RetryPolicy, evaluate, load_tasks, subject_tasks
 from sphyr_jax.evaluation.prompts import PromptSpec
 from sphyr_jax.io import CorruptFileError
-from sphyr_jax.problem.grids import grid_to_text
+from sphyr_jax.problem.grids import extract_grid, grid_to_text
 from sphyr_jax.scoring.metrics import METRIC_FIELDS
 from sphyr_jax.scoring.records import score_records
 
@@ -236,6 +236,39 @@ def test_a_run_refuses_a_folder_in_use_and_leaves_no_lock_behind(data, optima, t
     assert summary.failures == [] and summary.subjects[0].complete
     assert sorted(p.name for p in folder.iterdir()) == [
         f"{OTHER}_aggregated_results.json", f"{OTHER}_results.json"]
+
+
+def test_two_evaluate_runs_never_write_one_folder_at_once(data, optima, tmp_path):
+    """Two ``evaluate`` runs of one model into one results root: the second, started while
+    the first is asking its model, is refused and writes nothing; the first completes."""
+    import threading
+
+    asking, refused = threading.Event(), threading.Event()
+
+    def model(prompt):  # the first run's model: waits until the second run has been refused
+        asking.set()
+        assert refused.wait(timeout=120)
+        return grid_to_text(extract_grid(prompt)).replace("V", "1")
+
+    model.__name__ = "held_model"
+    outcome = {}
+    first = threading.Thread(target=lambda: outcome.setdefault("first", evaluate(
+        model, dataset=data, subjects=[OTHER], results_root=tmp_path, cache=optima,
+        sample_count=1, concurrency=1)))
+    first.start()
+    try:
+        assert asking.wait(timeout=120)
+        folder, = [p for p in tmp_path.iterdir() if p.is_dir()]
+        before = sorted(p.name for p in folder.iterdir())
+        with pytest.raises(UserInputError, match="being written by another evaluate run"):
+            evaluate(model, dataset=data, subjects=[OTHER], results_root=tmp_path,
+                     cache=optima, sample_count=1)
+        assert sorted(p.name for p in folder.iterdir()) == before  # the second wrote nothing
+    finally:
+        refused.set()
+        first.join(timeout=120)
+    assert outcome["first"].failures == [] and outcome["first"].subjects[0].complete
+    assert harness.LOCK_FILE not in {p.name for p in folder.iterdir()}
 
 
 def test_replay_serves_the_stored_samples_and_reproduces_the_published_figures(

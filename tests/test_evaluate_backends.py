@@ -109,6 +109,40 @@ def test_retrieval_never_returns_the_query_itself():
     assert _complete(backend, lone) == grid_to_text(baselines.fill_masked(masked, "0"))
 
 
+def test_retrieval_lookup_answers_only_from_a_record_agreeing_on_every_visible_cell(tasks):
+    """Brute force: a query whose subject has another record agreeing with every visible
+    cell gets that record's masked cells (the first such record); any other query gets
+    the empty fill.  Checked on a real subject and on a pool built to hold both cases."""
+    lookup = make_backend("baseline:retrieval_lookup")
+    records = _records("3_random_column_hard")
+    for task in tasks:
+        query = task.query
+        grid = np.array(query.input_grid, dtype=object)
+        visible = grid != MASK
+        exact = [r for r in records if r["index"] != query.index and all(
+            float(a) == float(g) if a not in "LS" and g not in "LS" else a == g
+            for a, g in zip(np.array(r["ground_truth"], dtype=object)[visible],
+                            grid[visible], strict=True))]
+        got = np.array(_cells(_complete(lookup, query)), dtype=object)
+        if exact:
+            want = np.array(exact[0]["ground_truth"], dtype=object)[~visible]
+            assert [float(v) for v in got[~visible]] == [float(v) for v in want]
+        else:
+            assert got.tolist() == baselines.complete("empty", query.input_grid, True)
+    answer = [["L", "1", "0"], ["0", "1", "0"], ["S", "1", "0"]]
+    twin = [["L", "0", "0"], ["0", "1", "0"], ["S", "1", "0"]]  # agrees on every visible cell
+    near = [["L", "1", "1"], ["0", "1", "0"], ["S", "1", "0"]]  # one visible cell differs
+    masked = [["L", "V", "0"], ["0", "V", "0"], ["S", "V", "0"]]
+    for pool, want in (((answer, near, twin), twin), ((answer, near), None)):
+        query = Query("p", "full_easy", masked, pool=Pool(
+            tuple({"input_grid": masked, "ground_truth": g} for g in pool), 0))
+        text = _complete(lookup, query)
+        assert text == grid_to_text(baselines.fill_cells(masked, np.array(want, dtype=object))
+                                    if want else baselines.fill_masked(masked, "0"))
+        assert _complete(make_backend("baseline:retrieval"), query) == grid_to_text(
+            baselines.fill_cells(masked, np.array(want or near, dtype=object)))
+
+
 def test_python_callables(tmp_path, monkeypatch, tasks):
     (tmp_path / "user_models.py").write_text(textwrap.dedent("""
         import asyncio

@@ -43,9 +43,19 @@ flags.DEFINE_enum("dataset_version", "v1", list(DATASET_VERSIONS),
                   "Which SPhyR set the embedded data come from when --dataset_dir is not given.")
 flags.DEFINE_string("results_root", None, "Folder of <model>/<subject>_results.json.")
 flags.DEFINE_string("output_dir", None, "Output folder.")
-flags.DEFINE_enum("format", None, ["jsonl", "json", "parquet"],
-                  "Subject files: convert writes jsonl (default) or json; generate's v2 corpus "
-                  "parquet shards (default above 1,000 samples) or jsonl.")
+flags.DEFINE_string("output", None, "File to write (plot: a PNG, default plot.png; export: "
+                    "the trainer's data file).")
+flags.DEFINE_enum("format", None, ["jsonl", "json", "parquet", "verl", "openrlhf"],
+                  "What to write: convert's subject files, jsonl (default) or json; generate's "
+                  "v2 corpus, parquet shards (default above 1,000 samples) or jsonl; export's "
+                  "trainer layout, verl (parquet) or openrlhf (JSONL).")
+flags.DEFINE_list("subjects", None, "Subjects to use (default: every subject of the dataset; "
+                  "evaluate: or of --replay_from).")
+flags.DEFINE_integer("sample_count", None,
+                     "Samples per subject, after the published shuffle (0: all; default: "
+                     "evaluate 100, export all).", lower_bound=0)
+flags.DEFINE_integer("rotations", 0, "Clockwise quarter turns of every sample (and its load).",
+                     lower_bound=0, upper_bound=3)
 flags.DEFINE_enum("engine", "local", ["local", "ray"],
                   "Where long tasks run: 'local' (this process) or 'ray' (a Ray cluster, the "
                   "[cluster] extra; see --ray_address).")
@@ -72,6 +82,12 @@ def dataset(dim: int = 2) -> str:
     from sphyr_jax.data.datasets import dataset_source
 
     return dataset_source(FLAGS.dataset_version, dim)
+
+
+def sample_count(default: int | None) -> int | None:
+    """``--sample_count`` (the command's ``default`` when not given); None means all."""
+    value = FLAGS.sample_count if FLAGS.sample_count is not None else default
+    return value or None
 
 
 def setup() -> None:

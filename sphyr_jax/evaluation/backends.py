@@ -17,7 +17,8 @@ Kinds, by the spec string :func:`make_backend` reads:
   llama.cpp) through the official ``openai`` client (the ``[eval]`` extra).
   The key comes from an environment variable and is never written anywhere:
   not in results, logs, error messages or the backend's ``repr``.
-* ``baseline:empty|solid|random|copy_input|retrieval``: :class:`BaselineBackend`
+* ``baseline:empty|solid|random|copy_input|retrieval|retrieval_lookup``:
+  :class:`BaselineBackend`
   (see :mod:`sphyr_jax.evaluation.baselines`).
 * ``checkpoint:DIR``: a density network trained by
   ``experiments/train_compliance.py``; built by
@@ -59,7 +60,7 @@ from sphyr_jax.problem.grids import as_grid, grid_to_text
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 NO_KEY = "not-needed"  # sent to key-less local servers (vLLM, Ollama, llama.cpp)
-BASELINE_KINDS = ("empty", "solid", "random", "copy_input", "retrieval")
+BASELINE_KINDS = ("empty", "solid", "random", "copy_input", "retrieval", "retrieval_lookup")
 BACKEND_KINDS: dict[str, str | Callable] = {
     "baseline": "sphyr_jax.evaluation.backends:baseline_backend",
     "python": "sphyr_jax.evaluation.backends:python_backend",
@@ -240,7 +241,9 @@ class BaselineBackend(Backend):
     ``random`` draws from a generator seeded by ``(seed, prompt)``, so a reply
     does not depend on the order or concurrency of calls.  ``retrieval`` needs
     the query's ``pool``; with no other record of the query's shape it falls
-    back to the empty fill.
+    back to the empty fill.  ``retrieval_lookup`` copies only from a record
+    whose answer agrees with every visible cell of the query (the empty fill
+    otherwise): its score is the part of the benchmark a lookup answers.
     """
 
     def __init__(self, kind: str, seed: int = 0):
@@ -255,9 +258,10 @@ class BaselineBackend(Backend):
     def fill(self, query: Query) -> list:
         """The completed grid (token rows)."""
         grid = query.grid()
-        if self.kind == "retrieval":
+        if self.kind in ("retrieval", "retrieval_lookup"):
             pool = query.pool  # one index per subject: the shared records, minus the query
-            filled = self._index(pool._records).fill(grid, exclude=pool._exclude)
+            filled = self._index(pool._records).fill(
+                grid, exclude=pool._exclude, exact=self.kind == "retrieval_lookup")
             if filled is not None:
                 return filled
             return baselines.complete("empty", grid, query.hard)

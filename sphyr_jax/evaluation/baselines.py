@@ -14,7 +14,9 @@ The baselines:
 * ``retrieval`` (a model backend only, :class:`RetrievalIndex`): the masked
   cells copied from the answer of the most similar *other* record of the
   subject, similarity being the number of visible cells on which that answer
-  agrees with the input.
+  agrees with the input; ``retrieval_lookup`` answers only from a record
+  whose answer agrees with *every* visible cell (the empty fill otherwise),
+  so its scores measure how much of the benchmark is answerable by lookup.
 * ``answer`` (opt-in, not among :data:`MODELS`): the dataset answer itself,
   the ceiling a model can reach (its score is the answer's distance from the
   yardstick's optimum).
@@ -174,9 +176,11 @@ class RetrievalIndex:
         self._stacked = {shape: (np.array([p for p, _ in items]), np.stack([k for _, k in items]))
                          for shape, items in self._keys.items()}
 
-    def nearest(self, input_grid, exclude: int | None = None) -> int | None:
+    def nearest(self, input_grid, exclude: int | None = None, *,
+                exact: bool = False) -> int | None:
         """Position (in the records given) of the most similar answer; None if no
-        other record has the input's shape."""
+        other record has the input's shape (with ``exact``: if no other record's
+        answer agrees with every visible cell of the input)."""
         grid = np.array(as_grid(input_grid), dtype=object)
         if grid.shape not in self._stacked:
             return None
@@ -187,12 +191,18 @@ class RetrievalIndex:
         if exclude is not None:
             agree = np.where(positions == exclude, -1, agree)
         best = int(np.argmax(agree))
-        return None if agree[best] < 0 else int(positions[best])
+        if agree[best] < 0 or (exact and agree[best] < int(visible.sum())):
+            return None
+        return int(positions[best])
 
-    def fill(self, input_grid, exclude: int | None = None) -> list | None:
+    def fill(self, input_grid, exclude: int | None = None, *,
+             exact: bool = False) -> list | None:
         """The input with its ``V`` cells copied from the nearest answer (token
-        rows); None when no other record has the input's shape."""
-        best = self.nearest(input_grid, exclude)
+        rows); None when no other record has the input's shape (with ``exact``:
+        when no other record's answer agrees with every visible cell, the lookup
+        :data:`~sphyr_jax.evaluation.backends.BASELINE_KINDS`'s
+        ``retrieval_lookup`` makes)."""
+        best = self.nearest(input_grid, exclude, exact=exact)
         if best is None:
             return None
         grid = as_grid(input_grid)

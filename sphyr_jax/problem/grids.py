@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import re
@@ -194,11 +195,66 @@ def plain_grid(text: str) -> Grid | None:
     width = len(rows[0])
     if width == 0 or any(len(r) != width for r in rows):
         return None
-    for token in {t for r in rows for t in r}:  # few distinct tokens: each checked once
+    for token in set().union(*rows):  # few distinct tokens: each checked once
         if (len(token) > _MAX_TOKEN_CHARS or not _PLAIN_CHARS.issuperset(token)
                 or not _is_cell_text(token)):
             return None
     return rows
+
+
+def fenced_grid(text: str) -> Grid | None:
+    """:func:`plain_grid` of the body of a code fence that ends ``text``; None otherwise.
+
+    The common shape of a chat model's answer: any prose, then a fence without
+    a language tag around a clean grid, and nothing after it (a carriage
+    return anywhere: None).  Whenever this returns rows, :func:`extract_grid`
+    returns the same rows (the last rectangular grid of the text is the
+    fenced one).
+    """
+    stripped = text.rstrip()
+    if "\r" in text or not stripped.endswith("```"):
+        return None
+    _, fence, body = stripped[:-3].rpartition("```")
+    if not fence or not body or body[0] not in " \t\n" or not body.strip():
+        return None  # no opening fence, or a language tag after it
+    return plain_grid(body)
+
+
+def grid_key(grid):
+    """A cheap hashable key of a grid given as text or token rows (equal grids, equal keys).
+
+    Text is its own key; token rows (lists or tuples of strings, as ``datasets``
+    gives them) are joined once into one string with separators no cell holds;
+    anything else is made hashable element by element.  Grids that differ
+    never share a key.
+
+    Raises:
+        TypeError: for an unhashable value that is not a nested list.
+    """
+    if type(grid) is str:
+        return grid
+    if isinstance(grid, (list, tuple)) and grid and set(map(type, grid)) <= _ROW_TYPES:
+        try:
+            joined = "\x1e".join(["\x1f".join(row) for row in grid])
+        except TypeError:  # cells that are not strings
+            joined = None
+        if (joined is not None and joined.count("\x1e") == len(grid) - 1
+                and joined.count("\x1f") == sum(map(len, grid)) - len(grid)):
+            return (_ROWS, joined)
+    return _hashable(grid)
+
+
+_ROWS = object()  # marks a key of joined token rows (no other key holds it)
+_ROW_TYPES = {list, tuple}
+
+
+def _hashable(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(v if type(v) is str else _hashable(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return (value.dtype.str, value.shape, value.tobytes())
+    hash(value)  # TypeError for anything else unhashable
+    return value
 
 
 def last_plain_lines(text: str) -> list[str]:
@@ -328,22 +384,35 @@ def densities_from_grid(
         return np.stack([d for d, _ in layers]), GridReport(
             unfilled_cells=sum(r.unfilled_cells for _, r in layers),
             unparsable_cells=sum(r.unparsable_cells for _, r in layers))
-    nely, nelx = check_rectangular(grid)
-    flat = [t.strip() if isinstance(t, str) else t for row in grid for t in row]
-    cells = {}  # each distinct token read once: (density, unfilled, unparsable)
+    check_rectangular(grid)
+    return token_densities(grid, mask_density=mask_density)
+
+
+def token_densities(rows: Grid, *, mask_density: float = 0.0
+                    ) -> tuple[Float[np.ndarray, "nely nelx"], GridReport]:
+    """:func:`densities_from_grid` of rectangular 2D token rows already read
+    (stripped tokens, as :func:`plain_grid` and :func:`extract_grid` give them).
+
+    Each distinct token is read once; the cells are then looked up in one pass.
+    """
+    flat = list(itertools.chain.from_iterable(rows))
+    density = {}
+    unparsable = 0
     for t in set(flat):
         if t in STRUCTURAL:
-            cells[t] = (1.0, 0, 0)
+            density[t] = 1.0
         elif t == MASK:
-            cells[t] = (mask_density, 1, 0)
+            density[t] = mask_density
         else:
             value = parse_number(t)
-            cells[t] = ((mask_density, 0, 1) if value is None
-                        else (min(max(value, 0.0), 1.0), 0, 0))
-    read = [cells[t] for t in flat]
-    out = np.array([d for d, _, _ in read], dtype=np.float64).reshape(nely, nelx)
-    return out, GridReport(unfilled_cells=sum(u for _, u, _ in read),
-                           unparsable_cells=sum(b for _, _, b in read))
+            if value is None:
+                density[t] = mask_density
+                unparsable += flat.count(t)
+            else:
+                density[t] = min(max(value, 0.0), 1.0)
+    out = np.fromiter(map(density.__getitem__, flat), dtype=np.float64, count=len(flat))
+    return out.reshape(len(rows), -1), GridReport(unfilled_cells=flat.count(MASK),
+                                                  unparsable_cells=unparsable)
 
 
 def token_masks(grid: Grid) -> tuple[Bool[np.ndarray, "*cells"], Bool[np.ndarray, "*cells"],

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from sphyr_jax.data.datasets import list_subjects, load_subject
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation.prompts import DEFAULT_SEED, STYLES, PromptSpec
+from sphyr_jax.evaluation.tasks import dataset_subjects
 from sphyr_jax.io import read_json
 from sphyr_jax.problem.grids import extract_grid, grid_to_text
 from sphyr_jax.rl.feedback import revision_prompt
@@ -104,6 +105,17 @@ class SampleLibrary:
             if subject not in self._records:
                 self._records[subject] = load_subject(self.dataset_dir, subject)
             return self._records[subject]
+
+    def first_subject(self) -> str:
+        """The first subject of :func:`~sphyr_jax.data.datasets.list_subjects` the dataset has.
+
+        Raises:
+            UserInputError: it has none of them.
+        """
+        present = [s for s in dataset_subjects(self.dataset_dir) if s in list_subjects()]
+        if not present:
+            raise EpisodeError(f"{self.dataset_dir!r} has no 2D subject to serve")
+        return present[0]
 
     def samples(self, task: TaskConfig) -> list[Sample]:
         """The samples of a task configuration, in serving order (built on first use)."""

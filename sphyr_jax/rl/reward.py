@@ -23,10 +23,12 @@ float64 is required: making a :class:`TopologyReward` (and the first call of
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY_3D
 from sphyr_jax.runtime import enable_x64
+from sphyr_jax.scoring.labels import read_label
 from sphyr_jax.scoring.records import MAX_COMPLETION_CHARS as MAX_COMPLETION_CHARS
 from sphyr_jax.scoring.records import completion_text as completion_text
 from sphyr_jax.scoring.records import score_records
@@ -73,6 +75,75 @@ def _gravity(value, row: int):
     return direction
 
 
+def _labels(label, reward_model, n: int) -> list | None:
+    """The samples' labels, from a ``label`` column or a veRL ``reward_model`` column."""
+    if label is not None:
+        return _column("label", label, n)
+    if reward_model is not None:
+        return [m.get("ground_truth") if isinstance(m, dict) else None
+                for m in _column("reward_model", reward_model, n)]
+    return None
+
+
+def column_records(completions, prompts=None, input_grid=None, ground_truth=None,
+                   gravity_dir=None, subject=None, optimum=None, label=None,
+                   reward_model=None) -> list[dict]:
+    """The records of a trainer's columns, one per completion (columns checked).
+
+    The sample comes from the ``ground_truth`` column and its companions when
+    present, else from the ``label`` column, else from a veRL export's
+    ``reward_model`` column (see :meth:`TopologyReward.__call__`).
+    """
+    if completions is None:
+        raise ValueError("topology_reward needs completions")
+    n = len(completions)
+    labels = _labels(label, reward_model, n) if ground_truth is None else None
+    if labels is not None:
+        records = [read_label(text) for text in labels]
+        for record, completion in zip(records, completions, strict=True):
+            record["completion"] = completion
+        return records
+    answers = _column("ground_truth", ground_truth, n)
+    if any(a is None for a in answers):
+        raise ValueError("topology_reward needs a ground_truth column (the dataset "
+                         "answers) or a label column")
+    inputs = _column("input_grid", input_grid, n)
+    prompts = _column("prompts", prompts, n)
+    directions = [_gravity(g, i) for i, g in enumerate(_column("gravity_dir", gravity_dir, n))]
+    subjects = _column("subject", subject, n)
+    optima = _column("optimum", optimum, n)
+    records = []
+    for i in range(n):
+        direction = directions[i]
+        if direction is None and isinstance(subjects[i], str) and subjects[i].endswith("_3d"):
+            direction = DEFAULT_GRAVITY_3D
+        records.append({"completion": completions[i], "ground_truth": answers[i],
+                        "input_grid": inputs[i], "prompt": prompts[i],
+                        "gravity_dir": direction, "optimum": optima[i],
+                        "subject": subjects[i]})
+    return records
+
+
+def row_record(row: dict) -> dict:
+    """The sample record of one dataset row (no completion): a prompt dataset's
+    columns, an OpenRLHF export's ``label`` or a veRL export's ``reward_model``
+    (whose ``extra_info["optimum"]`` is used when the label has none).
+
+    Raises:
+        ValueError: the row has none of them, or an unreadable label.
+    """
+    columns = {name: [row[name]] for name in ("input_grid", "ground_truth", "gravity_dir",
+                                              "subject", "optimum", "label", "reward_model")
+               if row.get(name) is not None}
+    (record,) = column_records([None], **columns)
+    del record["completion"]
+    record.pop("prompt", None)
+    extra = row.get("extra_info")
+    if record.get("optimum") is None and isinstance(extra, dict):
+        record["optimum"] = extra.get("optimum")
+    return record
+
+
 class TopologyReward:
     """A reward function with its own optimum cache (see :func:`topology_reward`).
 
@@ -112,46 +183,31 @@ class TopologyReward:
         self.__name__ = "topology_reward"  # trainers log a reward under its function's name
 
     def records(self, prompts=None, completions=None, input_grid=None, ground_truth=None,
-                gravity_dir=None, subject=None, optimum=None) -> list[dict]:
-        """The records of a trainer's call, one per completion (columns checked; see
-        :meth:`__call__`)."""
-        if completions is None:
-            raise ValueError("topology_reward needs completions")
-        n = len(completions)
-        answers = _column("ground_truth", ground_truth, n)
-        if any(a is None for a in answers):
-            raise ValueError("topology_reward needs a ground_truth column (the dataset answers)")
-        inputs = _column("input_grid", input_grid, n)
-        prompts = _column("prompts", prompts, n)
-        directions = [_gravity(g, i) for i, g in enumerate(_column("gravity_dir", gravity_dir, n))]
-        subjects = _column("subject", subject, n)
-        optima = _column("optimum", optimum, n)
-        records = []
-        for i in range(n):
-            direction = directions[i]
-            if direction is None and isinstance(subjects[i], str) and subjects[i].endswith("_3d"):
-                direction = DEFAULT_GRAVITY_3D
-            records.append({"completion": completions[i], "ground_truth": answers[i],
-                            "input_grid": inputs[i], "prompt": prompts[i],
-                            "gravity_dir": direction, "optimum": optima[i]})
-        return records
+                gravity_dir=None, subject=None, optimum=None, label=None,
+                reward_model=None) -> list[dict]:
+        """The records of a trainer's call, one per completion (:func:`column_records`)."""
+        return column_records(completions, prompts, input_grid, ground_truth, gravity_dir,
+                              subject, optimum, label, reward_model)
 
     def metrics(self, prompts=None, completions=None, input_grid=None, ground_truth=None,
-                gravity_dir=None, subject=None, optimum=None, **kwargs) -> list[dict]:
+                gravity_dir=None, subject=None, optimum=None, label=None, reward_model=None,
+                **kwargs) -> list[dict]:
         """Every metric of each completion (same arguments as :meth:`__call__`)."""
         records = self.records(prompts, completions, input_grid, ground_truth, gravity_dir,
-                               subject, optimum)
+                               subject, optimum, label, reward_model)
         return score_records(records, cache=self.cache, num_devices=self.num_devices)
 
     def __call__(self, prompts=None, completions=None, input_grid=None, ground_truth=None,
-                 gravity_dir=None, subject=None, optimum=None, **kwargs) -> list[float]:
+                 gravity_dir=None, subject=None, optimum=None, label=None, reward_model=None,
+                 log_metric=None, **kwargs) -> list[float]:
         """One reward per completion: its topology score, 0 for an invalid grid.
 
         Args:
             prompts: the prompts (text or chat messages); an ``input_grid``
                 missing from the columns is read from them (their last grid).
             completions: text, or chat messages
-                (``[{"role": "assistant", "content": ...}]``).
+                (``[{"role": "assistant", "content": ...}]``: the last
+                assistant message is the answer).
             input_grid: the masked grids (text or token lists), one per completion.
             ground_truth: the dataset answers (text or token lists).
             gravity_dir: optional (row, col) load directions (default down).
@@ -159,18 +215,51 @@ class TopologyReward:
             optimum: optional stored optima of the samples
                 (:func:`sphyr_jax.scoring.records.optimum_fields`): a sample
                 whose stored optimum is current is not optimised.
+            label: the samples' labels
+                (:func:`sphyr_jax.scoring.labels.problem_label`), read when
+                there is no ``ground_truth`` column.
+            reward_model: a veRL export's column (its ``ground_truth`` is the
+                label), read when there is neither.
+            log_metric: TRL's ``log_metric(name, value)``: when given, the
+                batch's ``topology_reward/valid_share``,
+                ``topology_reward/load_carrying_share`` and
+                ``topology_reward/topology_score`` (the mean) are logged.
             **kwargs: whatever else the trainer passes (other columns,
-                ``completion_ids``, ``trainer_state``...), ignored.
+                ``completion_ids``, ``trainer_state``, ``log_extra``,
+                ``environments``...), ignored.
 
         Returns:
             One float per completion, in order.
 
         Raises:
             ValueError: a column is missing or does not hold one entry per
-                completion (a bad completion never raises: it scores 0).
+                completion, or a label is unreadable (a bad completion never
+                raises: it scores 0).
         """
-        return [reward_of(m) for m in self.metrics(prompts, completions, input_grid,
-                                                   ground_truth, gravity_dir, subject, optimum)]
+        metrics = self.metrics(prompts, completions, input_grid, ground_truth, gravity_dir,
+                               subject, optimum, label, reward_model)
+        rewards = [reward_of(m) for m in metrics]
+        if log_metric is not None and metrics:
+            n = len(metrics)
+            log_metric(f"{self.__name__}/valid_share",
+                       sum(bool(m.get("valid_output_grid")) for m in metrics) / n)
+            log_metric(f"{self.__name__}/load_carrying_share",
+                       sum(bool(m.get("load_carrying")) for m in metrics) / n)
+            log_metric(f"{self.__name__}/topology_score", sum(rewards) / n)
+        return rewards
+
+
+class AsyncTopologyReward(TopologyReward):
+    """:class:`TopologyReward` as a coroutine: ``await reward(...)``.
+
+    TRL runs async reward functions together on its event loop; the scoring
+    runs in a worker thread meanwhile, so another async reward (a judge
+    model's request, say) proceeds beside it.  Same arguments and results as
+    :meth:`TopologyReward.__call__`.
+    """
+
+    async def __call__(self, *args, **kwargs) -> list[float]:
+        return await asyncio.to_thread(super().__call__, *args, **kwargs)
 
 
 _SHARED: TopologyReward | None = None

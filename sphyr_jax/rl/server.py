@@ -25,12 +25,10 @@ Requires the ``[env]`` extra (``openenv-core``, ``fastapi``, ``uvicorn``);
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from openenv.core.env_server.http_server import create_fastapi_app
@@ -40,19 +38,16 @@ from pydantic import Field
 from starlette.websockets import WebSocketDisconnect
 
 from sphyr_jax.errors import UserInputError
+from sphyr_jax.rl.batching import DEFAULT_MAX_BATCH, DEFAULT_WINDOW_S, BatchingScorer
 from sphyr_jax.rl.environment import (
-    DEFAULT_SUBJECT,
     EpisodeError,
     SampleLibrary,
     TaskConfig,
     TopologyEnvironment,
 )
+from sphyr_jax.rl.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_S, Guard
 from sphyr_jax.runtime import enable_x64
-from sphyr_jax.scoring.records import score_records
 from sphyr_jax.topopt.optimum import OptimumCache
-
-DEFAULT_WINDOW_S = 0.002
-DEFAULT_MAX_BATCH = 256
 
 
 class SPhyRAction(Action):
@@ -84,94 +79,6 @@ class SPhyRObservation(Observation):
                                     description="Whether the answer was a complete grid.")
     metrics: dict[str, Any] | None = Field(default=None,
                                            description="Every metric of the answer.")
-
-
-class BatchingScorer:
-    """One scoring worker shared by every session; overlapping requests are scored together.
-
-    Requests that arrive while a batch is being scored form the next batch;
-    while requests overlap, the first of a batch also waits up to ``window_s``
-    for company (a lone session's requests are scored at once).
-
-    Args:
-        cache: the optimum cache (None: a fresh in-memory one).
-        window_s: how long the first request of a batch waits for company
-            while requests overlap.
-        max_batch: most completions per scoring call.
-        num_devices: devices a batch is split over.
-    """
-
-    def __init__(self, cache: OptimumCache | None = None, window_s: float = DEFAULT_WINDOW_S,
-                 max_batch: int = DEFAULT_MAX_BATCH, num_devices: int | None = None):
-        self.cache = cache if cache is not None else OptimumCache()
-        self.window_s = float(window_s)
-        self.max_batch = max(1, int(max_batch))
-        self.num_devices = num_devices
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sphyr-scoring")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue | None = None
-        self._consumer: asyncio.Task | None = None
-        self.calls = 0  # scoring calls made
-        self.scored = 0  # completions scored
-        self.largest = 0  # largest batch
-
-    def _score(self, records: list[dict]) -> list[dict]:
-        self.calls += 1
-        self.scored += len(records)
-        self.largest = max(self.largest, len(records))
-        return score_records(records, cache=self.cache, num_devices=self.num_devices)
-
-    def score(self, records) -> list[dict]:
-        """Score some answer records now, on the scoring worker (blocking)."""
-        return self._worker.submit(self._score, list(records)).result()
-
-    async def score_async(self, item: dict) -> dict:
-        """The metrics of one answer record, scored in a batch with whatever else is pending."""
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # first use on this loop
-            self._loop, self._queue = loop, asyncio.Queue()
-            self._consumer = loop.create_task(self._consume(self._queue))
-        future = loop.create_future()
-        await self._queue.put((item, future))
-        return await future
-
-    async def _consume(self, queue: asyncio.Queue) -> None:
-        loop = asyncio.get_running_loop()
-        crowded = False  # did the last batch have company?
-        while True:
-            batch = [await queue.get()]
-            # A lone session is scored at once; when requests have been
-            # overlapping, the first of a batch waits up to the window for more.
-            deadline = loop.time() + (self.window_s if crowded else 0.0)
-            while len(batch) < self.max_batch:
-                if not queue.empty():
-                    batch.append(queue.get_nowait())
-                    continue
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(queue.get(), remaining))
-                except asyncio.TimeoutError:
-                    break
-            crowded = len(batch) > 1 or not queue.empty()
-            try:
-                results = await loop.run_in_executor(self._worker, self._score,
-                                                     [item for item, _ in batch])
-            except Exception as exc:  # a scoring bug fails these requests, not the server
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for (_, future), result in zip(batch, results, strict=True):
-                if not future.done():
-                    future.set_result(result)
-
-    async def aclose(self) -> None:
-        """Stop the batching task of the current loop (server shutdown)."""
-        if self._consumer is not None:
-            self._consumer.cancel()
-            self._consumer, self._loop, self._queue = None, None, None
 
 
 class SPhyREnvironment(Environment):
@@ -223,7 +130,7 @@ class SPhyREnvironment(Environment):
                          **kwargs) -> SPhyRObservation:
         """Score an answer in a batch with the other sessions' pending answers."""
         item = self._env.pending(action.grid)
-        metrics = await self._scorer.score_async(item)
+        (metrics,) = await self._scorer.score_async([item])
         return SPhyRObservation(**self._env.complete(action.grid, metrics))
 
     @property
@@ -278,7 +185,9 @@ async def _client_error(request, exc: UserInputError):
 def create_app(dataset_dir, *, results_root=None, cache: OptimumCache | None = None,
                max_concurrent_envs: int = 8, window_s: float = DEFAULT_WINDOW_S,
                max_batch: int = DEFAULT_MAX_BATCH, num_devices: int | None = None,
-               dataset_version: str = "v1", subject: str = DEFAULT_SUBJECT, **defaults):
+               dataset_version: str = "v1", subject: str | None = None,
+               auth_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               timeout_s: float = DEFAULT_TIMEOUT_S, **defaults):
     """The FastAPI application of the environment server.
 
     Args:
@@ -291,7 +200,12 @@ def create_app(dataset_dir, *, results_root=None, cache: OptimumCache | None = N
         max_batch: most completions per scoring call.
         num_devices: devices scoring batches are split over.
         dataset_version: the version name of the data served.
-        subject: the subject a new session starts on.
+        subject: the subject a new session starts on (None: the first subject
+            of :func:`~sphyr_jax.data.datasets.list_subjects` the dataset has).
+        auth_token: a token every request must present
+            (:class:`~sphyr_jax.rl.guard.Guard`; None: none).
+        max_body_bytes: largest HTTP body accepted.
+        timeout_s: seconds an HTTP request may take before its response starts.
         **defaults: other initial ``reset`` options of every session.
 
     Turns float64 on (the scoring needs it).  A client's mistake over plain
@@ -303,12 +217,15 @@ def create_app(dataset_dir, *, results_root=None, cache: OptimumCache | None = N
         The application (``app.state.sphyr_scorer`` is the shared scorer).
 
     Raises:
-        UserInputError: the default subject cannot be loaded or an option is bad.
+        UserInputError: the default subject cannot be loaded, the dataset has
+            no subject, or an option is bad.
     """
     enable_x64()
     library = SampleLibrary(dataset_dir, results_root)
-    scorer = BatchingScorer(cache, window_s, max_batch, num_devices)
-    defaults = {"subject": subject, **defaults}
+    scorer = BatchingScorer(cache, window_s=window_s, max_batch=max_batch,
+                            num_devices=num_devices)
+    defaults = {"subject": subject if subject is not None else library.first_subject(),
+                **defaults}
     probe = TopologyEnvironment(library, scorer.score, **defaults)  # bad options fail now
     library.samples(probe.task)  # so does a missing dataset
     factory = functools.partial(SPhyREnvironment, library, scorer, dataset_version, **defaults)
@@ -317,9 +234,33 @@ def create_app(dataset_dir, *, results_root=None, cache: OptimumCache | None = N
     app.router.on_shutdown.append(scorer.aclose)
     app.add_exception_handler(UserInputError, _client_error)
     app.add_middleware(_QuietDisconnect)
+    app.add_middleware(Guard, token=auth_token, max_body_bytes=max_body_bytes,
+                       timeout_s=timeout_s)
     app.state.sphyr_scorer = scorer
     app.state.sphyr_library = library
     return app
+
+
+def app_from_environment():
+    """The server as a container or an OpenEnv space starts it (``openenv.yaml``'s ``app``).
+
+    A factory of no arguments (``uvicorn --factory
+    sphyr_jax.rl.server:app_from_environment``): the dataset folder from the
+    variable ``SPHYR_DATASET_DIR`` (default: the embedded v1 set), the optimum
+    cache folder from ``SPHYR_CACHE_DIR`` (default: in memory), and the token
+    every request must present from ``SPHYR_AUTH_TOKEN`` (unset or empty: none).
+
+    Returns:
+        :func:`create_app` of those settings.
+    """
+    import os
+
+    from sphyr_jax.data import embedded
+
+    cache_dir = os.environ.get("SPHYR_CACHE_DIR") or None
+    return create_app(os.environ.get("SPHYR_DATASET_DIR") or embedded("dataset"),
+                      cache=OptimumCache(cache_dir) if cache_dir else None,
+                      auth_token=os.environ.get("SPHYR_AUTH_TOKEN") or None)
 
 
 def _config(app, host: str, port: int, log_level: str, own_logging: bool = True):
@@ -418,4 +359,4 @@ class ServerThread:
 
 
 __all__ = ["BatchingScorer", "SPhyRAction", "SPhyREnvironment", "SPhyRObservation",
-           "ServerThread", "TaskConfig", "create_app", "serve"]
+           "ServerThread", "TaskConfig", "app_from_environment", "create_app", "serve"]

@@ -27,8 +27,11 @@ in ``benchmarks/yardstick.py``).
 
 from __future__ import annotations
 
+import collections
+import copy
 import dataclasses
 import math
+import threading
 from collections.abc import Sequence
 
 import jax
@@ -41,8 +44,11 @@ from sphyr_jax.problem.grids import (
     InvalidProblemError,
     densities_from_grid,
     extract_grid,
+    fenced_grid,
+    grid_key,
     grid_ndim,
     plain_grid,
+    token_densities,
 )
 from sphyr_jax.problem.loadcase import (
     DEFAULT_GRAVITY,
@@ -112,6 +118,9 @@ class StructuralMetrics:
 
 def _field_values(metrics) -> dict:
     """A metrics dataclass's fields in order (a shallow copy: the values are scalars)."""
+    values = vars(metrics)
+    if len(values) == len(metrics.__dataclass_fields__):  # set in field order by __init__
+        return dict(values)
     return {name: getattr(metrics, name) for name in metrics.__dataclass_fields__}
 
 
@@ -237,6 +246,8 @@ class _Sample:
     case: LoadCase
     gt_rho: np.ndarray
     ndim: int
+    structural: np.ndarray  # L or S cells (solid in every design)
+    shape: tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,9 +267,22 @@ class _Problem:
         sample: position in the call's distinct samples, or why it cannot be scored.
         ndim: the answer's dimension.
         direction: the direction the static metrics read (the physics' one).
+        answer, masked: the answer and input of the first item that has it
+            (the static metrics read them once).
     """
 
     sample: int | str
+    ndim: int
+    direction: object
+    answer: object = None
+    masked: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _SampleReading:
+    """A (answer, input, direction) read: its sample, or why it cannot be scored."""
+
+    sample: _Sample | str
     ndim: int
     direction: object
 
@@ -283,20 +307,13 @@ class _Reading:
     stored: list
 
 
-def _frozen(value):
-    """A hashable stand-in for a grid or direction given as text, tokens or numbers."""
-    if isinstance(value, (list, tuple)):
-        return tuple(v if type(v) is str else _frozen(v) for v in value)
-    if isinstance(value, np.ndarray):
-        return (value.dtype.str, value.shape, value.tobytes())
-    hash(value)  # TypeError for anything else unhashable
-    return value
-
-
 def _fits(grid, shape) -> bool:
     """Whether nested token lists have exactly the given shape."""
     if not isinstance(grid, (list, tuple)) or len(grid) != shape[0]:
         return False
+    if len(shape) == 2:  # rows of tokens: one pass over the row lengths
+        return all(isinstance(row, (list, tuple)) for row in grid) and set(
+            map(len, grid)) == {shape[1]}
     if len(shape) == 1:
         return True
     return all(_fits(g, shape[1:]) for g in grid)
@@ -363,25 +380,53 @@ def _static_direction(gravity_dir, gravity, ndim: int):
     return gravity
 
 
-def _read_problem(item: ScoreItem, max_cells: int | None, samples: list) -> _Problem:
-    """Read an item's answer, input and direction; a usable sample joins ``samples``."""
+def _read_problem(item: ScoreItem, max_cells: int | None) -> _SampleReading:
+    """Read an item's answer, input and direction (a pure function of them)."""
     answer, ndim = _answer(item.ground_truth)
     gravity = _gravity_for(item.gravity_dir, ndim)
     direction = _static_direction(item.gravity_dir, gravity, ndim)
     if isinstance(gravity, str):
-        return _Problem(gravity, ndim, direction)
+        return _SampleReading(gravity, ndim, direction)
     try:
         case = load_case_from_grid(answer, _plain_input(item.input_grid), gravity, ndim=ndim)
     except (InvalidProblemError, TypeError, IndexError, ValueError) as exc:
-        return _Problem(f"ground truth unusable: {exc}", ndim, direction)
+        return _SampleReading(f"ground truth unusable: {exc}", ndim, direction)
     cells = int(np.prod(case.shape))
     if max_cells is not None and cells > max_cells:
-        return _Problem(f"too large: {cells} cells > max_cells={max_cells}", ndim, direction)
+        return _SampleReading(f"too large: {cells} cells > max_cells={max_cells}", ndim,
+                              direction)
     structural = np.asarray(case.load_mask | case.support_mask)
     gt_rho = np.asarray(case.pinned).copy()
     gt_rho[structural] = 1.0
-    samples.append(_Sample(case=case, gt_rho=gt_rho, ndim=ndim))
-    return _Problem(len(samples) - 1, ndim, direction)
+    structural.setflags(write=False)  # shared by later calls (:data:`MAX_CACHED_SAMPLES`)
+    gt_rho.setflags(write=False)
+    return _SampleReading(_Sample(case=case, gt_rho=gt_rho, ndim=ndim, structural=structural,
+                                  shape=tuple(case.shape)), ndim, direction)
+
+
+MAX_CACHED_SAMPLES = 1024
+"""Samples whose reading (load case, answer densities) is kept between calls, least
+recently used dropped first: a sample scored again in a later call is not read again."""
+_SAMPLES: collections.OrderedDict = collections.OrderedDict()
+_SAMPLES_LOCK = threading.Lock()
+
+
+def _sample_reading(key, item: ScoreItem, max_cells: int | None) -> _SampleReading:
+    """:func:`_read_problem`, remembered by the item's content key (None: not remembered)."""
+    if key is None:
+        return _read_problem(item, max_cells)
+    key = (key, max_cells)
+    with _SAMPLES_LOCK:
+        found = _SAMPLES.get(key)
+        if found is not None:
+            _SAMPLES.move_to_end(key)
+            return found
+    found = _read_problem(item, max_cells)
+    with _SAMPLES_LOCK:
+        _SAMPLES[key] = found
+        while len(_SAMPLES) > MAX_CACHED_SAMPLES:
+            _SAMPLES.popitem(last=False)
+    return found
 
 
 def _prepare(item: ScoreItem, problem: _Problem, samples: list) -> _Prepared | str:
@@ -391,33 +436,44 @@ def _prepare(item: ScoreItem, problem: _Problem, samples: list) -> _Prepared | s
     sample = samples[problem.sample]
     grid = None
     if sample.ndim == 2 and isinstance(item.completion, str):
-        grid = plain_grid(item.completion)  # a clean grid, read fast (the same rows)
+        # a clean grid, bare or in a closing code fence, read fast (the same rows)
+        grid = plain_grid(item.completion) or fenced_grid(item.completion)
     if grid is None:
         grid = extract_grid(item.completion, ndim=sample.ndim)
     if grid is None:
         return "no grid found in the completion"
-    shape = sample.case.shape
+    shape = sample.shape
     if not _fits(grid, shape):
         return f"completion does not have the answer's shape {'x'.join(map(str, shape))}"
-    out_rho, report = densities_from_grid(grid, ndim=sample.ndim)
-    out_rho[np.asarray(sample.case.load_mask | sample.case.support_mask)] = 1.0
+    if sample.ndim == 2:  # rows as read: stripped tokens
+        out_rho, report = token_densities(grid)
+    else:
+        out_rho, report = densities_from_grid(grid, ndim=sample.ndim)
+    out_rho[sample.structural] = 1.0
     return _Prepared(sample=problem.sample, out_rho=out_rho, report=report)
 
 
 def _read_problems(items: Sequence[ScoreItem], max_cells: int | None,
                    samples: list) -> list[_Problem]:
-    """Every item's problem; each distinct (answer, input, direction) read once per call."""
+    """Every item's problem; each distinct (answer, input, direction) read once per call
+    (and kept between calls, :data:`MAX_CACHED_SAMPLES`); usable samples join ``samples``."""
     seen: dict = {}
     problems = []
     for item in items:
         try:
-            key = (_frozen(item.ground_truth), _frozen(item.input_grid),
-                   _frozen(item.gravity_dir))
+            key = (grid_key(item.ground_truth), grid_key(item.input_grid),
+                   grid_key(item.gravity_dir))
         except (TypeError, ValueError):
             key = None  # unhashable inputs: read this sample on its own
         problem = seen.get(key) if key is not None else None
         if problem is None:
-            problem = _read_problem(item, max_cells, samples)
+            reading = _sample_reading(key, item, max_cells)
+            sample = reading.sample
+            if not isinstance(sample, str):
+                samples.append(sample)
+                sample = len(samples) - 1
+            problem = _Problem(sample, reading.ndim, reading.direction, item.ground_truth,
+                               item.input_grid)
             if key is not None:
                 seen[key] = problem
         problems.append(problem)
@@ -437,7 +493,7 @@ def _read_items(items: Sequence[ScoreItem], max_cells: int | None) -> _Reading:
         if not isinstance(k, str) and stored[k] is None and item.optimum is not None:
             stored[k] = item.optimum
         try:
-            key = (id(problem), _frozen(item.completion))
+            key = (id(problem), grid_key(item.completion))
         except (TypeError, ValueError):
             key = None  # an unhashable completion: read on its own
         j = i if key is None else seen.setdefault(key, i)
@@ -572,7 +628,7 @@ def score_batch(
         if isinstance(p, str):
             fields[i] = {"invalid_reason": p}
         else:
-            by_shape.setdefault(reading.samples[p.sample].case.shape, []).append(i)
+            by_shape.setdefault(reading.samples[p.sample].shape, []).append(i)
     for idx in by_shape.values():
         fields.update(zip(idx, _group_fields(idx, reading, cache, include_own_budget_reference,
                                              num_devices, progress), strict=True))
@@ -582,14 +638,15 @@ def score_batch(
                   for i, s in zip(unique, statics, strict=True)}
     else:
         scored = {i: StructuralMetrics(**fields[i]) for i in unique}
-    return [scored[i] if i == j else dataclasses.replace(scored[j])
+    return [scored[i] if i == j else copy.copy(scored[j])  # fields are scalars
             for i, j in enumerate(reading.first)]
 
 
 def _static_of(items: Sequence[ScoreItem], problems: Sequence[_Problem]) -> list[StaticMetrics]:
+    # the answer and input objects of each problem's first item: read once by the static
+    # metrics however many items share them
     return static_metrics_batch([item.completion for item in items],
-                                [item.ground_truth for item in items],
-                                [item.input_grid for item in items],
+                                [p.answer for p in problems], [p.masked for p in problems],
                                 [p.direction for p in problems])
 
 
@@ -658,7 +715,7 @@ def stored_optima(items: Sequence[ScoreItem], *, cache: OptimumCache | None = No
     problems = _read_problems(items, max_cells, samples)
     by_shape: dict[tuple, list[int]] = {}
     for k, sample in enumerate(samples):
-        by_shape.setdefault(sample.case.shape, []).append(k)
+        by_shape.setdefault(sample.shape, []).append(k)
     fields: list[dict | None] = [None] * len(samples)
     for ks in by_shape.values():
         cases = [samples[k].case for k in ks]

@@ -87,7 +87,13 @@ from decimal import Decimal, InvalidOperation
 
 import numpy as np
 
-from sphyr_jax.problem.grids import extract_grid, grid_ndim, last_plain_lines, parse_number
+from sphyr_jax.problem.grids import (
+    extract_grid,
+    grid_key,
+    grid_ndim,
+    last_plain_lines,
+    parse_number,
+)
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY
 
 MAX_PATH_COST = 1000.0
@@ -239,7 +245,7 @@ class _Tokens:
         ids = self._row_ids.get(row)
         if ids is None:
             tokens = row.split() if isinstance(row, str) else row
-            ids = self._row_ids[row] = tuple(self._id(t) for t in tokens)
+            ids = self._row_ids[row] = tuple(map(self._id, tokens))
         return ids
 
     def encode(self, rows: list, ndim: int) -> np.ndarray | None:
@@ -659,16 +665,25 @@ def _read_records(table: _Tokens, directions: _Directions, input_grids: Sequence
     """Every record's grids as token ids (text read once per distinct text) and its
     direction's id; an input or output of another shape than the answer is dropped."""
     memo: dict = {}
+    by_object: dict = {}  # the same object again: no key to compute (the caller keeps it alive)
 
     def encoded(grid, ndim):
-        """(ids or None, shape or None) of a grid, memoised for text."""
-        key = (grid, ndim) if isinstance(grid, str) else None
+        """(ids or None, shape or None) of a grid, memoised (text or token rows alike)."""
+        found = by_object.get((id(grid), ndim))
+        if found is not None:
+            return found
+        try:
+            key = (grid_key(grid), ndim)
+        except TypeError:  # something unhashable: read on its own
+            key = None
         if key is not None and key in memo:
+            by_object[(id(grid), ndim)] = memo[key]
             return memo[key]
         ids = table.encode(_rows(grid, ndim), ndim)
         result = (ids, None if ids is None else ids.shape)
         if key is not None:
             memo[key] = result
+        by_object[(id(grid), ndim)] = result
         return result
 
     records = []

@@ -22,6 +22,7 @@ MODULES = (
     "plot",
     "evaluate",
     "serve",
+    "export",
 )
 
 

@@ -25,12 +25,13 @@ def main() -> int:
     from sphyr_jax.data.convert import convert_raw_dir
     from sphyr_jax.errors import UserInputError
 
-    if FLAGS.format == "parquet":
-        raise UserInputError("convert writes --format=jsonl or json")
+    fmt = FLAGS.format or "jsonl"
+    if fmt not in ("jsonl", "json"):
+        raise UserInputError(f"convert writes --format=jsonl or json, not {fmt}")
     raw_dir = common.require("raw_dir", NAME, exists=True)
     output_dir = common.require("output_dir", NAME)
     seed = 42 if FLAGS.seed is None else FLAGS.seed
-    written = convert_raw_dir(raw_dir, output_dir, seed=seed, fmt=FLAGS.format or "jsonl",
+    written = convert_raw_dir(raw_dir, output_dir, seed=seed, fmt=fmt,
                               skip_unsolvable=FLAGS.skip_unsolvable,
                               log=lambda m: print(m, file=sys.stderr))
     print(f"converted {raw_dir} -> {output_dir}: {len(written)} subject files")

@@ -16,7 +16,8 @@ PROMPT_STYLES = ["default", "physics_enhanced", "physics_neutral", "load_directi
 
 flags.DEFINE_string("model", None,
                     "Model spec: an OpenAI-compatible model name (with --base_url), "
-                    "baseline:empty|solid|random|retrieval|copy_input, checkpoint:DIR or "
+                    "baseline:empty|solid|random|retrieval|retrieval_lookup|copy_input, "
+                    "checkpoint:DIR or "
                     "python:module:function.")
 flags.DEFINE_string("base_url", None,
                     "OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM), "
@@ -34,12 +35,6 @@ flags.DEFINE_float("retry_delay", 1.0,
                    "Seconds before the first retry (doubling, with jitter; never sooner "
                    "than the server's Retry-After).", lower_bound=0.0)
 flags.DEFINE_integer("concurrency", 8, "Model calls in flight.", lower_bound=1)
-flags.DEFINE_list("subjects", None, "Subjects to run (default: every subject of the dataset, "
-                  "or of --replay_from).")
-flags.DEFINE_integer("sample_count", 100,
-                     "Samples per subject, after the published shuffle (0: all).", lower_bound=0)
-flags.DEFINE_integer("rotations", 0, "Clockwise quarter turns of every sample (and its load).",
-                     lower_bound=0, upper_bound=3)
 flags.DEFINE_integer("few_shot", 0, "Solved examples of the same subject in every prompt.",
                      lower_bound=0)
 flags.DEFINE_enum("prompt_style", "default", PROMPT_STYLES,
@@ -60,7 +55,10 @@ flags.DEFINE_bool("resample", False,
                   "With --feedback_rounds=K: the control, K more independent attempts at the "
                   "original prompt instead of revisions.")
 
+SAMPLE_COUNT = 100  # the published samples per subject (evaluation.prompts.DEFAULT_SAMPLE_COUNT)
+
 SHARED = ("dataset_dir", "dataset_version", "results_root", "seed", "design_efficiency",
+          "subjects", "sample_count", "rotations",
           "output_json", "progress", *common.SCORING)
 
 FLAGS = flags.FLAGS
@@ -118,7 +116,7 @@ def _feedback_experiment(model: str, root: str, seed: int) -> int:
     cache = common.cache()
     for subject in FLAGS.subjects or dataset_subjects(dataset):
         samples = build_samples(load_subject(dataset, subject), subject, spec,
-                                FLAGS.sample_count or None, seed)
+                                common.sample_count(SAMPLE_COUNT), seed)
         result = run_feedback_experiment(call, samples, rounds=FLAGS.feedback_rounds,
                                          mode=mode, output_dir=folder, stem=subject,
                                          cache=cache, max_concurrency=FLAGS.concurrency)
@@ -139,7 +137,7 @@ def _evaluate(model: str, root: str, replay, seed: int, progress):
         dataset=None if replay else common.dataset(),
         subjects=FLAGS.subjects or None,
         spec=_spec(),
-        sample_count=FLAGS.sample_count or None,
+        sample_count=common.sample_count(SAMPLE_COUNT),
         seed=seed,
         replay_from=replay,
         backend_options={"base_url": FLAGS.base_url, "api_key_env": FLAGS.api_key_env,

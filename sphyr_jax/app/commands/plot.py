@@ -13,9 +13,8 @@ SUMMARY = ("Draw a results record, a validate JSON, a rescore leaderboard JSON o
 flags.DEFINE_string("input", None, "A results file, a validate --output_json, a rescore "
                     "--output_json or a trainer's leaderboard.json.")
 flags.DEFINE_integer("index", 0, "Record of a results file to plot.", lower_bound=0)
-flags.DEFINE_string("output", "plot.png", "PNG to write.")
 
-SHARED = common.SCORING
+SHARED = (*common.SCORING, "output")
 
 FLAGS = flags.FLAGS
 
@@ -30,6 +29,6 @@ def main() -> int:
         raise UserInputError("plot needs matplotlib: pip install 'sphyr-jax[plot]'") from exc
 
     source = common.require("input", NAME, exists=True)
-    out = render_file(source, FLAGS.output, index=FLAGS.index, cache=common.cache())
+    out = render_file(source, FLAGS.output or "plot.png", index=FLAGS.index, cache=common.cache())
     print(f"wrote {out}")
     return 0
