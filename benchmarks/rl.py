@@ -353,12 +353,12 @@ def bench_openrlhf(dataset_dir, requests: int, clients: int) -> dict:
 
     from sphyr_jax.data.datasets import list_subjects
     from sphyr_jax.rl.batching import BatchingScorer
+    from sphyr_jax.rl.datasets import prompt_dataset
     from sphyr_jax.rl.export import trainer_rows
     from sphyr_jax.rl.openrlhf import create_reward_app, rewards_of
-    from sphyr_jax.rl.reward import prompt_dataset
     from sphyr_jax.rl.server import ServerThread
 
-    rows = prompt_dataset(dataset_dir, list_subjects(), sample_count=4).to_list()
+    rows = prompt_dataset(dataset_dir, list_subjects(), split="test", sample_count=4).to_list()
     exported = trainer_rows(rows, "openrlhf")
     rng = random.Random(1)
     items = []

@@ -26,9 +26,10 @@ from conftest import run_app  # noqa: E402
 from openenv.core import GenericEnvClient  # noqa: E402
 
 from sphyr_jax.rl.batching import BatchingScorer  # noqa: E402
+from sphyr_jax.rl.datasets import prompt_dataset  # noqa: E402
 from sphyr_jax.rl.export import trainer_rows  # noqa: E402
 from sphyr_jax.rl.openrlhf import create_reward_app, response_text  # noqa: E402
-from sphyr_jax.rl.reward import prompt_dataset, reward_of  # noqa: E402
+from sphyr_jax.rl.reward import reward_of  # noqa: E402
 from sphyr_jax.rl.server import ServerThread, create_app  # noqa: E402
 from sphyr_jax.scoring.metrics import get_structural_metrics  # noqa: E402
 
