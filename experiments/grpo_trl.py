@@ -1,9 +1,9 @@
 """Train a language model against physics with TRL's GRPO and sphyr_jax's topology reward.
 
-An example of the wiring, not run by the test suite (it needs ``torch``,
-``transformers`` and ``trl``, and a GPU to be useful)::
+An example of the wiring (it needs ``torch``, ``transformers`` and ``trl``, and a
+GPU to be useful; without one it trains on the CPU in float32)::
 
-    pip install -e ".[env]" trl
+    pip install -e ".[trl]" torch
     python -m sphyr_jax generate --dataset_version=v2 --num_samples=5000 \\
         --output_dir=runs/corpus                   # the training corpus (once)
     python experiments/grpo_trl.py --model Qwen/Qwen2.5-0.5B-Instruct \\
@@ -48,6 +48,7 @@ def main() -> None:
     sj.enable_x64()  # float64 before any scoring: E_min = 1e-9 needs it
     sj.enable_compilation_cache()
 
+    import torch
     from trl import GRPOConfig, GRPOTrainer
 
     from sphyr_jax.rl import TopologyReward, prompt_dataset
@@ -57,6 +58,7 @@ def main() -> None:
         rotations=[int(r) for r in args.rotations.split(",")], style=args.style,
         conversational=True)  # chat prompts; completions come back as chat messages
     reward = TopologyReward(cache_dir=args.optima)  # one cache for the whole run
+    gpu = torch.cuda.is_available()
     config = GRPOConfig(
         output_dir=args.output,
         num_generations=args.generations,
@@ -64,10 +66,13 @@ def main() -> None:
         max_completion_length=512,  # a 10 x 10 grid is ~200 characters
         max_steps=args.steps,
         logging_steps=10,
+        use_cpu=not gpu,
+        bf16=gpu and torch.cuda.is_bf16_supported(),  # TRL's default, bf16, needs a GPU for it
     )
     trainer = GRPOTrainer(model=args.model, reward_funcs=reward, args=config,
                           train_dataset=dataset)
     trainer.train()
+    trainer.save_state()  # the log history, rewards included: <output>/trainer_state.json
     print(f"optima computed: {reward.cache.computed}, looked up: {reward.cache.hits}")
 
 

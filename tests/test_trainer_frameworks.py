@@ -7,7 +7,8 @@ score a ``DataProto`` built with veRL's own code (and its dataset class reads th
 parquet), OpenRLHF's ``SingleTurnAgentExecutor`` asks the reward endpoint.  What each
 trainer logs or receives is checked against ``get_structural_metrics`` of the completions
 it generated.  The samples are benchmark samples: these runs check the reward's wiring,
-they train nothing to keep.
+they train nothing to keep.  ``experiments/grpo_trl.py`` runs as a user runs it, for one
+step on a one-sample generated corpus (its ``split="train"``).
 
 Needs the ``[trl]`` and ``[verl]`` extras, torch, and ``openrlhf`` (installed without its
 dependencies); skipped in a plain clone without them, a failure under CI.
@@ -473,3 +474,53 @@ def test_openrlhf_python_file_form_scores_like_the_endpoint(rows, scorer, tmp_pa
         e = _expected(answer, row)
         assert out["reward"] == [pytest.approx(e["reward"], abs=1e-12)]
         assert out["extra_logs"]["load_carrying"] == [e["load_carrying"]]
+
+
+def test_grpo_script_trains_on_a_corpus_split_and_logs_its_reward(frameworks, tmp_path):
+    """``experiments/grpo_trl.py`` run as documented (a model folder, a corpus folder): it
+    trains on the corpus's ``split="train"`` rows, scores with their stored optima, and the
+    reward it logs is the published scoring of the one answer the scripted model writes."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from conftest import REPO, child_env
+    from trainer_support import grid_tokenizer, scripted_model
+
+    from sphyr_jax.data import corpus as cp
+    from sphyr_jax.data.exclusion import BenchmarkIndex, default_exclusion_dirs
+    from sphyr_jax.data.generate_v2 import QUICK_V2_OPTIONS
+    from sphyr_jax.rl import prompt_dataset
+
+    spec = cp.CorpusSpec(1, grid_size=10, seed=5, options=QUICK_V2_OPTIONS, format="parquet",
+                         batch_size=1, window=1, optima_samples=1, file_samples=1)
+    corpus = tmp_path / "corpus"
+    cp.build_corpus(spec, corpus, exclusion=BenchmarkIndex.from_dirs(
+        default_exclusion_dirs(10), 10))
+    (row,) = prompt_dataset(corpus, [SUBJECT], split="train", conversational=True).to_list()
+    answer = _variants(row)[1]  # the corpus answer with three solid cells emptied
+    expected = _expected(answer, row)
+    assert 0.0 < expected["reward"] < 1.0  # a score only this row's own grids give
+    tok = grid_tokenizer([answer])
+    model_dir = tmp_path / "model"
+    scripted_model(tok, {"\n": [answer]}).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+
+    out = tmp_path / "grpo"
+    run = subprocess.run(
+        [sys.executable, "experiments/grpo_trl.py", f"--model={model_dir}",
+         f"--corpus={corpus}", f"--subjects={SUBJECT}", "--generations=2", "--steps=1",
+         f"--output={out}"],
+        cwd=REPO, env=child_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
+        timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    # the sample's optimum is the one stored in the corpus: looked up, never computed
+    assert re.search(r"optima computed: 0, looked up: [1-9]", run.stdout), run.stdout[-2000:]
+    state = json.loads((out / "trainer_state.json").read_text())
+    (logged,) = [e for e in state["log_history"] if "rewards/topology_reward/mean" in e]
+    assert logged["step"] == 1
+    assert logged["rewards/topology_reward/mean"] == pytest.approx(expected["reward"], abs=1e-6)
+    assert logged["rewards/topology_reward/std"] == pytest.approx(0.0, abs=1e-6)
+    assert logged["topology_reward/valid_share"] == expected["valid"] == 1.0
+    assert logged["topology_reward/load_carrying_share"] == expected["load_carrying"] == 1.0
