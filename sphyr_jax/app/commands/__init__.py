@@ -20,6 +20,7 @@ MODULES = (
     "baselines",
     "plot",
     "evaluate",
+    "train",
     "serve",
 )
 
