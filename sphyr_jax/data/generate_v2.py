@@ -80,6 +80,7 @@ import numpy as np
 
 from sphyr_jax.data.convert import render_subject
 from sphyr_jax.data.datasets import VARIANTS, list_subjects, subject_rng
+from sphyr_jax.data.exclusion import MIN_LAYOUT_DISTANCE, MIN_STRUCTURE_DISTANCE
 from sphyr_jax.data.generation import (
     Kept,
     Progress,
@@ -111,8 +112,6 @@ SUPPORT_GROUP = (2, 5)
 SECOND_SUPPORT_GROUP = (2, 4)
 SECOND_SUPPORT_PROBABILITY = 0.35
 MIN_SUPPORT_CELLS = 2
-MIN_LAYOUT_DISTANCE = 6
-MIN_STRUCTURE_DISTANCE = 8
 DEGENERATE_COMPLIANCE = 1e6
 MIN_GRID_SIZE = 5  # a support group of 5 cells must fit on an edge
 POLISH_CHUNK = 4  # swap passes per device call of the polish
