@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO, SETS
+from conftest import EIGHT, REPO, SETS, assert_dihedral_equivariance, symmetry_image
 
 from sphyr_jax import training
 from sphyr_jax.fem import fea
@@ -15,7 +15,6 @@ from sphyr_jax.problem.grids import densities_from_grid, parse_number
 from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
 from sphyr_jax.problem.symmetry import (
     AXIS_DIRECTIONS,
-    ELEMENTS,
     transform_record,
     turn_records,
 )
@@ -301,15 +300,6 @@ def data_records():
             for s in ("full_easy", "full_hard", "3_random_column_hard", "5_random_cell_easy")}
 
 
-EIGHT = [(1, 0), (0, 1), (-1, 0), (0, -1), (1, 1), (-1, 1), (-1, -1), (1, -1)]
-
-
-def _image(grid, mirror: bool, k: int):
-    """np.rot90(np.fliplr(grid), k) (mirror first) or np.rot90(grid, k)."""
-    a = np.asarray(grid, dtype=object if isinstance(np.ravel(grid)[0], str) else None)
-    return np.rot90(np.flip(a, 1) if mirror else a, k)
-
-
 def test_canonical_element_takes_every_direction_into_the_sector():
     """An axis direction goes to down, a diagonal to down-right, any other direction into the
     sector r >= c >= 0; the stabiliser keeps the canonical direction (brute force over the
@@ -334,7 +324,7 @@ def test_canonical_element_takes_every_direction_into_the_sector():
         # The planes move like np.rot90(np.fliplr(.)) and the inverse undoes them.
         x = rng.random((3, 5, 5))
         y = np.asarray(sym.transform_planes(jnp.asarray(x), m, k))
-        np.testing.assert_array_equal(y, _image(x.transpose(1, 2, 0), bool(m), int(k))
+        np.testing.assert_array_equal(y, symmetry_image(x.transpose(1, 2, 0), bool(m), int(k))
                                       .transpose(2, 0, 1))
         np.testing.assert_array_equal(
             np.asarray(sym.transform_planes(jnp.asarray(y), *sym.inverse_element(m, k))), x)
@@ -344,26 +334,6 @@ def _random_model(width=6):
     net = training.init_model(dataclasses.replace(TINY.model, width=width), 3)
     return eqx.tree_at(lambda m: m.head.weight, net, jax.random.normal(
         jax.random.PRNGKey(5), net.head.weight.shape))  # a non-constant output
-
-
-def assert_dihedral_equivariance(model, records):
-    """Every record, given each of the eight load directions and then moved by each of the
-    eight symmetries of the square, gets the moved densities and completion bit for bit
-    (each moved record in a call of its own)."""
-    for rec in records:
-        hard = "." in "".join(np.ravel(rec["ground_truth"]))
-        for d in EIGHT:
-            r0 = {**rec, "gravity_dir": list(d)}
-            feats = training.grid_features(r0["input_grid"], d)
-            p0 = np.asarray(training.predict(model, jnp.asarray(feats[None])))[0]
-            c0 = training.complete_records(model, [r0], hard)[0]
-            for m, k in ELEMENTS:
-                r = transform_record(r0, k, mirror=1 if m else None)
-                feats = training.grid_features(r["input_grid"], r["gravity_dir"])
-                p = np.asarray(training.predict(model, jnp.asarray(feats[None])))[0]
-                np.testing.assert_array_equal(p, _image(p0, m, k), err_msg=f"{d} {m} {k}")
-                assert training.complete_records(model, [r], hard)[0] == _image(
-                    c0, m, k).tolist()
 
 
 def test_model_is_exactly_equivariant_under_the_eight_symmetries(trained, data_records):

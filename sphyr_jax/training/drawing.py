@@ -29,15 +29,26 @@ volume fraction is the answer's (pool) or the layout's budget (bank): the
 loss's material term (:mod:`sphyr_jax.training.loop`) charges only material
 above it, as the topology score's material efficiency does.
 
-Layouts can be kept away from benchmark samples: ``exclude(load, support)``
-is asked for every drawn layout and a true answer refuses it.
+Training problems never come from a benchmark set.  :class:`Exclusion` holds
+them apart from every benchmark sample (:mod:`sphyr_jax.data.exclusion`: the
+embedded v1 set and its turns and ``dataset_v2`` at 10x10, ``dataset_v2_20`` at
+20x20) by the v2 distances: a drawn layout within ``MIN_LAYOUT_DISTANCE`` (6)
+cells of a benchmark layout is drawn again, and a pool answer whose easy
+answer lies within ``MIN_STRUCTURE_DISTANCE`` (8) cells of a benchmark easy
+answer is dropped from the pool.  Bank layouts have no answer (they are never
+solved), so only the layout check applies to them.  Optionally
+(``symmetric=True``) every turned and mirrored image of a candidate is
+checked too.  The v1 rules' layouts are few (one run on each of two opposite
+edges): at 10x10 nearly every one lies within 6 cells of a sample of the
+embedded v1 set, so v1 problems are drawn at other grid sizes (e.g. 9 and 11;
+the model is fully convolutional), where no benchmark sample exists.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -51,8 +62,65 @@ from sphyr_jax.training.config import FAMILIES, parse_source
 
 V1_DIRECTIONS = ("down", "right", "up", "left")
 
-Exclude = Callable[[np.ndarray, np.ndarray], bool]
-"""``exclude(load_mask, support_mask) -> bool``: whether a drawn layout must not be used."""
+DRAW_CHUNK = 256  # candidates drawn and checked against the exclusion index at once
+MAX_DRAWS_PER_LAYOUT = 100  # draws per wanted layout before drawing gives up
+
+
+def _images(masks: np.ndarray) -> np.ndarray:
+    """(8, K, n, n): the images of (K, n, n) square masks under the eight symmetries."""
+    return np.stack([np.rot90(np.flip(masks, -1) if m else masks, k, axes=(-2, -1))
+                     for m in (False, True) for k in range(4)])
+
+
+class Exclusion:
+    """Benchmark samples that training problems are held apart from, per grid size.
+
+    Args:
+        folders: ``{grid size: dataset folders}`` (default: the embedded
+            benchmark sets, :func:`sphyr_jax.data.exclusion.default_exclusion_dirs`).
+        symmetric: also refuse a candidate whose turned or mirrored image is too
+            close (the eight symmetries of the square).
+    """
+
+    def __init__(self, folders: dict[int, Sequence[str]] | None = None, *,
+                 symmetric: bool = False):
+        self.folders = folders
+        self.symmetric = symmetric
+        self._indexes: dict[int, object] = {}
+
+    def index(self, grid_size: int):
+        """The :class:`~sphyr_jax.data.exclusion.BenchmarkIndex` of a grid size (built once)."""
+        from sphyr_jax.data.exclusion import BenchmarkIndex, default_exclusion_dirs
+
+        n = int(grid_size)
+        if n not in self._indexes:
+            dirs = (self.folders or {}).get(n, ()) if self.folders is not None else (
+                default_exclusion_dirs(n))
+            self._indexes[n] = BenchmarkIndex.from_dirs(dirs, n)
+        return self._indexes[n]
+
+    def _images(self, masks: np.ndarray) -> np.ndarray:
+        return _images(masks) if self.symmetric else masks[None]
+
+    def layouts_too_close(self, load: np.ndarray, support: np.ndarray) -> np.ndarray:
+        """(K,) bool: a (K, n, n) layout (or, symmetric, one of its images) lies within
+        the layout distance of a benchmark layout."""
+        from sphyr_jax.data.exclusion import layout_bits
+
+        index = self.index(load.shape[-1])
+        bits = layout_bits(self._images(load), self._images(support))
+        close = index.layout_too_close(bits.reshape(-1, bits.shape[-1]))
+        return close.reshape(-1, len(load)).any(0)
+
+    def structures_too_close(self, solid: np.ndarray) -> np.ndarray:
+        """(K,) bool: a (K, n, n) easy answer's material (or, symmetric, one of its
+        images) lies within the structure distance of a benchmark easy answer."""
+        from sphyr_jax.data.exclusion import pack_cells
+
+        index = self.index(solid.shape[-1])
+        bits = pack_cells(self._images(solid))
+        close = index.structure_too_close(bits.reshape(-1, bits.shape[-1]))
+        return close.reshape(-1, len(solid)).any(0)
 
 
 def family_rules(family: str, grid_size: int):
@@ -86,21 +154,40 @@ class Layouts:
 
 
 def draw_layouts(family: str, grid_size: int, count: int, rng: np.random.Generator,
-                 exclude: Exclude | None = None) -> tuple[Layouts, list]:
-    """Draw ``count`` layouts with the family's rules; returns them and their candidates.
+                 exclusion: Exclusion | None = None) -> tuple[Layouts, list, int]:
+    """Draw ``count`` layouts with the family's rules.
 
-    A draw the rules fail (v2: too few support cells), refuse (no material left
-    for the design cells) or ``exclude`` refuses is drawn again.
+    A draw the rules fail (v2: too few support cells) or refuse (no material
+    left for the design cells) is drawn again, and so is one the exclusion
+    refuses (candidates are checked :data:`DRAW_CHUNK` at a time).
+
+    Returns:
+        (layouts, their candidates, how many the exclusion refused).
+
+    Raises:
+        ValueError: when ``MAX_DRAWS_PER_LAYOUT * count`` draws do not give
+            ``count`` layouts (the exclusion refuses nearly every draw).
     """
     rules = family_rules(family, grid_size)
-    candidates = []
+    candidates, refused, drawn = [], 0, 0
     while len(candidates) < count:
-        cand = rules.draw(rng)
-        if isinstance(cand, str) or rules.screen(cand, (), ()) is not None:
-            continue
-        if exclude is not None and exclude(cand.load_mask, cand.support_mask):
-            continue
-        candidates.append(cand)
+        if drawn >= MAX_DRAWS_PER_LAYOUT * max(count, DRAW_CHUNK):
+            raise ValueError(
+                f"{family}:{grid_size}: {refused} of {drawn} drawn layouts lie near a benchmark "
+                f"sample, {len(candidates)} of {count} found; draw this family at another "
+                "grid size")
+        drawn += DRAW_CHUNK
+        chunk = []
+        while len(chunk) < DRAW_CHUNK:
+            cand = rules.draw(rng)
+            if not isinstance(cand, str) and rules.screen(cand, (), ()) is None:
+                chunk.append(cand)
+        if exclusion is not None:
+            close = exclusion.layouts_too_close(np.stack([c.load_mask for c in chunk]),
+                                                np.stack([c.support_mask for c in chunk]))
+            refused += int(close.sum())
+            chunk = [c for c, bad in zip(chunk, close, strict=True) if not bad]
+        candidates.extend(chunk[: count - len(candidates)])
     gravity = np.asarray([c.gravity_dir for c in candidates], np.float64).reshape(-1, 2)
     gravity /= np.linalg.norm(gravity, axis=1, keepdims=True)
     turns = [v1_generation.quarter_turns(c.gravity) if family == "v1" else 0
@@ -111,7 +198,7 @@ def draw_layouts(family: str, grid_size: int, count: int, rng: np.random.Generat
         support=np.stack([c.support_mask for c in candidates]) if candidates else empty,
         gravity=gravity, budget=np.asarray([c.volume_fraction for c in candidates], np.float64),
         turns=np.asarray(turns, np.int64))
-    return layouts, candidates
+    return layouts, candidates, refused
 
 
 def solve_answers(family: str, candidates: Sequence, progress: Progress | None = None,
@@ -143,29 +230,43 @@ class ProblemSet:
     Attributes:
         family: ``"v1"`` or ``"v2"``.
         grid_size: n.
-        bank: every drawn layout; the first ``len(easy)`` form the pool.
-        easy, hard: (P, n, n) the pool's answers.
+        bank: every drawn layout.
+        pool: (P,) indices into the bank of the solved layouts.
+        easy, hard: (P, n, n) their answers.
+        refused: ``{"layout": drawn layouts the exclusion refused, "structure":
+            pool answers it dropped}``.
     """
 
     family: str
     grid_size: int
     bank: Layouts
+    pool: np.ndarray
     easy: np.ndarray
     hard: np.ndarray
+    refused: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def build(cls, source: str, *, bank_size: int, pool_size: int, seed: int,
-              exclude: Exclude | None = None, progress: Progress | None = None
+              exclusion: Exclusion | None = None, progress: Progress | None = None
               ) -> ProblemSet:
-        """Draw ``max(bank_size, pool_size)`` layouts and solve the first ``pool_size``."""
+        """Draw ``max(bank_size, pool_size)`` layouts and solve the first ``pool_size``
+        (pool answers the exclusion calls too close to a benchmark answer are dropped)."""
         family, n = parse_source(source)
         rng = np.random.default_rng([seed, FAMILIES.index(family), n])
-        bank, candidates = draw_layouts(family, n, max(bank_size, pool_size), rng, exclude)
+        bank, candidates, refused = draw_layouts(family, n, max(bank_size, pool_size), rng,
+                                                 exclusion)
+        pool = np.arange(pool_size)
         if pool_size:
             easy, hard = solve_answers(family, candidates[:pool_size], progress)
         else:
             easy = hard = np.zeros((0, n, n))
-        return cls(family, n, bank, easy, hard)
+        dropped = 0
+        if exclusion is not None and pool_size:
+            keep = ~exclusion.structures_too_close(easy >= 0.5)
+            dropped = int((~keep).sum())
+            pool, easy, hard = pool[keep], easy[keep], hard[keep]
+        return cls(family, n, bank, pool, easy, hard,
+                   {"layout": refused, "structure": dropped})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,8 +340,9 @@ def draw_problems(sets: Sequence[ProblemSet], weights: Sequence[float], batch_si
         hard = bool(rng.random() < hard_fraction)
         pooled = len(ps.easy) > 0 and (variant != full or rng.random() < pool_fraction)
         if pooled:
-            i = int(rng.integers(len(ps.easy)))
-            answer = (ps.hard if hard else ps.easy)[i]
+            a = int(rng.integers(len(ps.easy)))
+            i = int(ps.pool[a])
+            answer = (ps.hard if hard else ps.easy)[a]
             target = float(answer.mean())
         else:
             i = int(rng.integers(len(ps.bank)))
@@ -258,14 +360,3 @@ def draw_problems(sets: Sequence[ProblemSet], weights: Sequence[float], batch_si
         hard=np.asarray(cols[5], bool), target=np.asarray(cols[6], np.float64),
         variant=np.asarray(cols[7], np.int64), source=np.asarray(cols[8], np.int64))
 
-
-def benchmark_exclusion() -> Exclude:
-    """``exclude`` refusing every layout within the v2 layout distance of a benchmark sample.
-
-    The benchmark sets are the embedded v1 set and its turns and the v2 and
-    v2-20 sets (:mod:`sphyr_jax.data.exclusion`).
-    """
-    from sphyr_jax.data.exclusion import benchmark_index
-
-    index = benchmark_index()
-    return lambda load, support: index.near_layout(load, support)

@@ -43,7 +43,7 @@ from sphyr_jax.fem import fea
 from sphyr_jax.problem.loadcase import LoadCase
 from sphyr_jax.runtime import bounded_cache, enable_x64
 from sphyr_jax.training.config import DrawConfig, LossConfig, ProblemConfig, TrainConfig
-from sphyr_jax.training.drawing import DrawnProblems, ProblemSet, benchmark_exclusion, draw_problems
+from sphyr_jax.training.drawing import DrawnProblems, Exclusion, ProblemSet, draw_problems
 from sphyr_jax.training.model import init_model, predict
 from sphyr_jax.training.problems import (
     build_problem,
@@ -121,14 +121,15 @@ def batch_loss(model, batch: TrainBatch, progress, cfg: LossConfig):
     sharp, penal, w = schedule(progress, cfg)
     soft = jnp.where(case.design_mask, predict(model, batch.features, sharp, cfg.leak),
                      case.pinned)
-    rounded = soft + jax.lax.stop_gradient(round_to_format(soft, hard) - soft)
+    rounded = soft + jax.lax.stop_gradient(
+        round_to_format(soft, hard, binary_hard=model.binary_hard) - soft)
     solid = jax.lax.stop_gradient(
         fea.compliance(case, jnp.ones(soft.shape[-case.ndim:]), penal=cfg.penal,
                        solver=cfg.solver))
     prices = {"volume_weight": cfg.volume_weight, "target": batch.target,
               "excess_weight": cfg.excess_weight, "solver": cfg.solver}
     j_soft = design_objective(case, soft, solid, penal, **prices)
-    round_penal = jnp.where(jnp.asarray(hard), cfg.penal, 1.0)
+    round_penal = 1.0 if model.binary_hard else jnp.where(jnp.asarray(hard), cfg.penal, 1.0)
     j_round = design_objective(case, rounded, solid, round_penal, **prices)
     loss = jnp.mean((1.0 - w) * j_soft + w * j_round)
     vf = jnp.mean(rounded, axis=tuple(range(-case.ndim, 0)))
@@ -178,6 +179,10 @@ class ProblemSource(abc.ABC):
     def batch(self, step: int) -> TrainBatch:
         """The problems of training step ``step`` (deterministic for a seed)."""
 
+    def describe(self) -> dict:
+        """What the source holds, for a run's record (JSON-ready)."""
+        return {}
+
 
 @bounded_cache(maxsize=8)
 def _sampler(cfg: ProblemConfig, batch_size: int):
@@ -223,16 +228,25 @@ class RulesSource(ProblemSource):
     Args:
         cfg: the draw settings.
         seed: seed of the banks, pools and batches.
-        exclude: refuses layouts (see :data:`sphyr_jax.training.drawing.Exclude`);
-            None: none refused.
+        exclusion: the benchmark samples held apart
+            (:class:`~sphyr_jax.training.drawing.Exclusion`); None: none.
         progress: optional ``(stage, done, total)`` callback of the pools' optimiser.
     """
 
-    def __init__(self, cfg: DrawConfig, seed: int, exclude=None, progress=None):
+    def __init__(self, cfg: DrawConfig, seed: int, exclusion: Exclusion | None = None,
+                 progress=None):
         self.cfg, self.seed = cfg, seed
         self.sets = [ProblemSet.build(s, bank_size=cfg.bank_size, pool_size=p, seed=seed,
-                                      exclude=exclude, progress=progress)
+                                      exclusion=exclusion, progress=progress)
                      for s, p in zip(cfg.sources, cfg.pool_sizes, strict=True)]
+
+    def describe(self) -> dict:
+        """Per source: layouts in the bank, answers in the pool, and what the exclusion
+        refused (drawn layouts) and dropped (pool answers)."""
+        return {f"{s.family}:{s.grid_size}": {"bank": len(s.bank), "pool": len(s.pool),
+                                              "refused_layouts": s.refused.get("layout", 0),
+                                              "dropped_answers": s.refused.get("structure", 0)}
+                for s in self.sets}
 
     def draw(self, step: int) -> DrawnProblems:
         """The step's problems as NumPy arrays."""
@@ -251,17 +265,24 @@ class RulesSource(ProblemSource):
         return _build_batch(p.load, p.support, p.gravity, p.known, p.masked, p.hard, p.target)
 
 
-def problem_source(cfg: TrainConfig, key, progress=None) -> ProblemSource:
+def _keys(seed: int):
+    """(model key, data key) of a training seed."""
+    return jax.random.split(jax.random.PRNGKey(seed))
+
+
+def problem_source(cfg: TrainConfig, key=None, progress=None) -> ProblemSource:
     """The problem source of a configuration: drawn by the rules (a :class:`DrawConfig`,
-    layouts near benchmark samples refused when it asks) or canonical."""
+    layouts near benchmark samples refused when it asks) or canonical (from ``key``,
+    default the data key of ``cfg.seed``, as :func:`train` uses it)."""
+    key = _keys(cfg.seed)[1] if key is None else key
     if isinstance(cfg.problem, DrawConfig):
-        exclude = benchmark_exclusion() if cfg.problem.exclude_benchmarks else None
-        return RulesSource(cfg.problem, cfg.seed, exclude, progress)
+        exclusion = Exclusion() if cfg.problem.exclude_benchmarks else None
+        return RulesSource(cfg.problem, cfg.seed, exclusion, progress)
     return CanonicalSource(cfg, key)
 
 
 def train(cfg: TrainConfig, log: Callable[[dict], None] | None = None, *,
-          progress=None):
+          progress=None, source: ProblemSource | None = None):
     """Train a model from ``cfg.seed`` on random problems (deterministic for a seed).
 
     Turns float64 on (the finite elements need it) before any work.
@@ -271,6 +292,8 @@ def train(cfg: TrainConfig, log: Callable[[dict], None] | None = None, *,
         log: optional callback receiving each curve entry as it is made.
         progress: optional ``(stage, done, total)`` callback (the pool's
             optimiser, then the training steps).
+        source: the problems (default: :func:`problem_source` of ``cfg``,
+            made here).
 
     Returns:
         (model, curve): curve entries ``{"step", "loss", "soft", "rounded",
@@ -281,9 +304,10 @@ def train(cfg: TrainConfig, log: Callable[[dict], None] | None = None, *,
     """
     enable_x64()
     start = time.perf_counter()
-    k_model, k_data = jax.random.split(jax.random.PRNGKey(cfg.seed))
+    k_model, k_data = _keys(cfg.seed)
     model = init_model(cfg.model, k_model)
-    source = problem_source(cfg, k_data, progress)
+    if source is None:
+        source = problem_source(cfg, k_data, progress)
     opt_state = make_optimizer(cfg).init(eqx.filter(model, eqx.is_array))
     step_fn = make_train_step(dataclasses.replace(cfg, seed=0))  # compiled once per setup
     report = progress or (lambda stage, done, total: None)

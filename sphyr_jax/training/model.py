@@ -53,6 +53,8 @@ class DensityNet(eqx.Module):
     supports at the bottom), the global mean lets every cell see e.g. the
     length of the load.  The 1x1 head starts at zero weights and the bias of
     ``init_density``, so every design cell starts at that density.
+    ``binary_hard``: hard subjects are written ``0.0``/``1.0``
+    (``ModelConfig.hard_values``).
     """
 
     stem: eqx.nn.Conv
@@ -61,10 +63,12 @@ class DensityNet(eqx.Module):
     head: eqx.nn.Conv
     canonical: bool = eqx.field(static=True, default=True)
     mirror_average: bool = eqx.field(static=True, default=True)
+    binary_hard: bool = eqx.field(static=True, default=False)
 
     def __init__(self, config: ModelConfig, key):
         self.canonical = config.canonical and config.ndim == 2
         self.mirror_average = config.mirror_average
+        self.binary_hard = config.hard_values == "binary"
         n = len(config.dilations)
         keys = jax.random.split(key, 2 * n + 2)
         w = config.width
