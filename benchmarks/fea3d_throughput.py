@@ -36,6 +36,8 @@ SETS = REPO / "sphyr_jax" / "data" / "sets"  # the embedded sets (sphyr_jax.data
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from record import table, write_record  # noqa: E402  (benchmarks/, the script's folder)
+
 import sphyr_jax  # noqa: E402
 from sphyr_jax.data.convert import list_raw_files, read_raw_csv_3d  # noqa: E402
 from sphyr_jax.fem import structured  # noqa: E402
@@ -151,10 +153,18 @@ def main():
     parser.add_argument("--smooth", type=int, default=Multigrid.smooth)
     parser.add_argument("--omega", type=float, default=Multigrid.omega)
     parser.add_argument("--max_coarse_dofs", type=int, default=Multigrid.max_coarse_dofs)
+    parser.add_argument("--json", default=None, help="also write the run's results file here")
     args = parser.parse_args()
-    run(tuple(int(b) for b in args.batches.split(",")), args.repeats, args.tol,
-        args.scipy_samples, smooth=args.smooth, omega=args.omega,
-        max_coarse_dofs=args.max_coarse_dofs)
+    rows = run(tuple(int(b) for b in args.batches.split(",")), args.repeats, args.tol,
+               args.scipy_samples, smooth=args.smooth, omega=args.omega,
+               max_coarse_dofs=args.max_coarse_dofs)
+    columns = ("batch", "compile s", "multigrid CG solves/s", "iterations (median)",
+               "iterations (max)", "SciPy solves/s", "ratio", "max relative difference")
+    write_record(args.json, "fea3d_throughput", title="SPhyR-3D compliance throughput",
+                 anchor="fea3d", figures=[dict(zip(columns, row, strict=True)) for row in rows],
+                 tables=[table(columns, [(r[0], f"{r[1]:.1f}", f"{r[2]:.1f}", r[3], r[4],
+                                          f"{r[5]:.2f}", f"{r[6]:.1f}x", f"{r[7]:.1e}")
+                                         for r in rows])])
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ if str(REPO) not in sys.path:  # running as a script from anywhere
     sys.path.insert(0, str(REPO))
 
 import jax  # noqa: E402
+from record import write_record  # noqa: E402  (benchmarks/, the script's folder)
 
 import sphyr_jax  # noqa: E402
 from sphyr_jax.data import generate, generate_v2  # noqa: E402
@@ -82,10 +83,12 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num_devices", type=int, default=None)
     parser.add_argument("--dataset_version", choices=("v1", "v2"), default="v1")
+    parser.add_argument("--json", default=None, help="also write the run's results file here")
     args = parser.parse_args(argv)
     result = run(args.num_samples, args.grid_size, args.quick, args.seed, args.num_devices,
                  args.dataset_version)
     print(json.dumps(result, indent=2))
+    write_record(args.json, "generate", title="Generating samples", figures=result)
 
 
 if __name__ == "__main__":

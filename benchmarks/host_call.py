@@ -22,6 +22,8 @@ import statistics
 import sys
 import time
 
+from record import table, write_record  # noqa: E402  (benchmarks/, the script's folder)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -52,6 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="10,20,40,60")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--json", default=None, help="also write the run's results file here")
     args = parser.parse_args(argv)
 
     import jax
@@ -63,6 +66,7 @@ def main(argv=None) -> int:
     from sphyr_jax.fem.host import host_call
 
     sj.enable_x64()
+    rows = []
     print("| N | work | FFI target, us / call | jax.pure_callback, us / call | ratio |")
     print("|---|---|---|---|---|")
     for n in (int(s) for s in args.sizes.split(",")):
@@ -87,6 +91,11 @@ def main(argv=None) -> int:
             a = _per_call(ffi, data, calls, args.repeats)
             b = _per_call(pure, data, calls, args.repeats)
             print(f"| {n} | {label} | {a:.0f} | {b:.0f} | {b / a:.1f}x |", flush=True)
+            rows.append((n, label, f"{a:.0f}", f"{b:.0f}", f"{b / a:.1f}x"))
+    columns = ("N", "work", "FFI target, us / call", "jax.pure_callback, us / call", "ratio")
+    write_record(args.json, "host_call", title="The host FFI target", anchor="host-call",
+                 figures=[dict(zip(columns, r, strict=True)) for r in rows],
+                 tables=[table(columns, rows)])
     return 0
 
 

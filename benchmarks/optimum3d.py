@@ -43,6 +43,8 @@ SETS = REPO / "sphyr_jax" / "data" / "sets"  # the embedded sets (sphyr_jax.data
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from record import write_record  # noqa: E402  (benchmarks/, the script's folder)
+
 import sphyr_jax  # noqa: E402
 from benchmarks.fea3d_throughput import scipy_compliance  # noqa: E402
 from sphyr_jax.data.convert import list_raw_files, mask_grid_3d, read_raw_csv_3d  # noqa: E402
@@ -81,6 +83,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=16, help="samples in the batch")
     parser.add_argument("--single", type=int, default=3, help="warm one-sample calls")
+    parser.add_argument("--json", default=None, help="also write the run's results file here")
     args = parser.parse_args()
     sphyr_jax.enable_x64()
     sphyr_jax.enable_compilation_cache()
@@ -127,6 +130,14 @@ def main():
           f"sample's {int(np.median(its))} SIMP solves would take "
           f"{per_solve * np.median(its):.1f} s with SciPy alone "
           f"({per_solve * np.median(its) / (warm / n):.1f}x the batched yardstick)")
+    figures = {"samples": n, "first_call_s": first,
+               "warm_single_median_s": statistics.median(singles),
+               "batch_first_s": total, "batch_warm_s_per_sample": warm / n,
+               "peak_rss_mb": peak_mb(), "optimum_over_answer_mean": float(np.mean(opt / answers)),
+               "optimum_over_answer_min": float(np.min(opt / answers)),
+               "simp_iterations_median": int(np.median(its)), "scipy_s_per_solve": per_solve}
+    write_record(args.json, "optimum3d", title="The voxel yardstick", anchor="optimum3d",
+                 figures=figures, notes=[f"Voxel yardstick on {source}."])
 
 
 if __name__ == "__main__":

@@ -215,15 +215,15 @@ def bench_reward(dataset_dir, repeats: int) -> dict:
 
 
 def bench_server(dataset_dir, load_episodes: int) -> dict:
-    from sphyr_jax.rl import SampleLibrary, TaskConfig, score_completions
+    from sphyr_jax.rl import SampleLibrary, TaskConfig, TopologyReward
     from sphyr_jax.rl.server import ServerThread, create_app
-    from sphyr_jax.scoring.metrics import ScoreItem
     from sphyr_jax.topopt.optimum import OptimumCache
 
     cache = OptimumCache()
     served = SampleLibrary(dataset_dir).samples(TaskConfig(subject=SERVED_SUBJECT))
-    score_completions([ScoreItem(s.ground_truth, s.ground_truth, s.input_grid) for s in served],
-                      cache)  # the optima of the subject, cached
+    TopologyReward(cache=cache).metrics(  # the optima of the subject, cached
+        completions=[s.ground_truth for s in served],
+        ground_truth=[s.ground_truth for s in served], input_grid=[s.input_grid for s in served])
     app = create_app(dataset_dir, cache=cache, subject=SERVED_SUBJECT)
     scorer = app.state.sphyr_scorer
     out = {}

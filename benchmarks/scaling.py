@@ -120,9 +120,9 @@ def one_size(n: int, samples: int, reference_samples: int, batch_samples: int) -
 
     # score_batch per sample: warm-up on other samples of the same batch size.
     batch = items[1: batch_samples + 1]
-    sj.score_batch(items[batch_samples + 1: 2 * batch_samples + 1], sj.OptimumCache())
+    sj.score_batch(items[batch_samples + 1: 2 * batch_samples + 1], cache=sj.OptimumCache())
     t0 = time.perf_counter()
-    sj.score_batch(batch, sj.OptimumCache())
+    sj.score_batch(batch, cache=sj.OptimumCache())
     out["score_batch_s_per_sample"] = (time.perf_counter() - t0) / len(batch)
     out["batch_samples"] = len(batch)
     out["peak_rss_score_batch_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

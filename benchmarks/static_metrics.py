@@ -34,6 +34,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from record import table, write_record  # noqa: E402  (benchmarks/, the script's folder)
+
 from sphyr_jax.sharding import configure_host_devices  # noqa: E402
 
 RESULTS = REPO.parent / "shared" / "sphyr_reference" / "results"
@@ -70,6 +72,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache_dir", type=pathlib.Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="also write the run's results file here")
     args = parser.parse_args()
     configure_host_devices(None)
 
@@ -88,27 +91,35 @@ def main() -> None:
         static, whole, physics = [], [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            sj.static_metrics_batch([r["prompt"] for r in records],
-                                    [r["completion"] for r in records],
-                                    [r["ground_truth"] for r in records])
+            sj.static_metrics_batch(output_grids=[r["completion"] for r in records],
+                                    gt_grids=[r["ground_truth"] for r in records],
+                                    input_grids=[r["prompt"] for r in records])
             t1 = time.perf_counter()
             fields = sj.score_records(records, cache=cache)
             t2 = time.perf_counter()
-            sj.score_batch(items, cache)
+            sj.score_batch(items, cache=cache)
             t3 = time.perf_counter()
             static.append(t1 - t0)
             whole.append(t2 - t1)
             physics.append(t3 - t2)
     med = {name: statistics.median(values) for name, values in
            (("static_s", static), ("score_records_s", whole), ("physics_only_s", physics))}
-    print(json.dumps({
+    figures = {
         "records": len(records), "repeats": args.repeats, "devices": sj.sharding.device_count(),
         "warm_up_s": round(warm, 2), **{k: round(v, 3) for k, v in med.items()},
         "static_share_of_scoring": round(med["static_s"] / med["score_records_s"], 4),
         "static_us_per_record": round(1e6 * med["static_s"] / len(records), 1),
         "valid_output_grids": sum(f["valid_output_grid"] for f in fields),
         "all_static_s": [round(v, 3) for v in static],
-        "all_score_records_s": [round(v, 3) for v in whole]}, indent=1))
+        "all_score_records_s": [round(v, 3) for v in whole]}
+    print(json.dumps(figures, indent=1))
+    write_record(args.json, "static_metrics", title="Static metrics", anchor="static-metrics",
+                 figures=figures, tables=[table(
+                     ("what", "seconds (median)", "per record"),
+                     [("the twelve static metrics", f"{med['static_s']:.2f}",
+                       f"{figures['static_us_per_record']:.0f} µs"),
+                      ("a whole score_records call", f"{med['score_records_s']:.1f}", ""),
+                      ("the physics alone (score_batch)", f"{med['physics_only_s']:.1f}", "")])])
 
 
 if __name__ == "__main__":

@@ -64,7 +64,8 @@ from sphyr_jax.scoring.metrics import (
     get_structural_metrics,
     score_batch,
 )
-from sphyr_jax.scoring.results import rescore_tree, score_records
+from sphyr_jax.scoring.records import score_records
+from sphyr_jax.scoring.results import rescore_tree
 from sphyr_jax.scoring.static import (
     STATIC_METRIC_KEYS,
     StaticMetrics,

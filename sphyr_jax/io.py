@@ -360,3 +360,54 @@ def read_jsonl(path: PathLike) -> list[Any]:
             that is not valid JSON.
     """
     return [value for _, value in read_jsonl_numbered(path)]
+
+
+class LockedError(UserInputError):
+    """A lock file held by another process (see :func:`exclusive_lock`)."""
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: PathLike, busy: str | None = None):
+    """Hold an advisory lock on ``path`` for the ``with`` block; the file is removed after.
+
+    One process at a time: a second one (or a second lock in this process)
+    fails at once with :class:`LockedError` instead of waiting.  The lock
+    dies with its process (``flock``), so a killed run never leaves a stale
+    lock; a clean release removes the lock file.  A lock taken on a file that
+    another process removed in the meantime is let go and taken again on the
+    new file, so two processes never both hold one.  Without ``fcntl`` (not
+    POSIX) nothing is locked.
+
+    Args:
+        path: the lock file (created if missing; its folder must exist).
+        busy: the error's message when the lock is held (default: names the path).
+
+    Raises:
+        LockedError: another holder has the lock.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    path = os.fspath(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise LockedError(busy or f"{path} is locked by another process") from exc
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and os.path.samestat(current, os.fstat(fd)):
+            break
+        os.close(fd)  # the holder before us removed the file: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while still held: a waiting opener retries on a new file
+        os.close(fd)

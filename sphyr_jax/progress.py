@@ -11,14 +11,19 @@ long run) continues the same count.  Any callable with that signature works;
   and estimated time left), redrawn every second while the stage runs, so a
   long compiled call that reports only its end still shows its clock moving;
 * elsewhere (a log, CI, a pipe), one line per stage when it reaches its total:
-  ``optima: 6/6 in 41.3 s (0.15/s)``.
+  ``<stage>: <done>/<total> in <seconds> s (<rate>/s)``.
 
-Example::
+Examples:
+    Any long call takes ``progress=ProgressBar()``; off a terminal a stage is one line:
 
-    from sphyr_jax.progress import ProgressBar
-
-    with ProgressBar() as progress:
-        sj.score_batch(items, progress=progress)
+    >>> import io
+    >>> from sphyr_jax.progress import ProgressBar
+    >>> log = io.StringIO()
+    >>> with ProgressBar(log, terminal=False) as progress:  # sj.score_batch(..., progress=progress)
+    ...     progress("records", 0, 3)
+    ...     progress("records", 3, 3)
+    >>> log.getvalue().startswith("records: 3/3 in ")
+    True
 """
 
 from __future__ import annotations

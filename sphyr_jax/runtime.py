@@ -58,8 +58,8 @@ def default_compilation_cache() -> str:
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
     """Keep every compiled program in JAX's persistent compilation cache.
 
-    A fresh process then loads sphyr_jax's programs from disk (a fraction of a
-    second each) instead of compiling them.  Results are unaffected.
+    A fresh process then loads sphyr_jax's programs from disk instead of
+    compiling them.  Results are unaffected.
 
     Args:
         path: cache folder (created if missing); None: :func:`default_compilation_cache`;
@@ -89,11 +89,16 @@ class CompileCounter:
     Uses JAX's own monitoring events: every backend compilation reports its
     duration, whether or not the persistent cache then serves it.
 
-    Example::
-
-        with CompileCounter() as cc:
-            sj.compliance(case, rho)
-        print(cc.count, cc.seconds)
+    Examples:
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> from sphyr_jax.runtime import CompileCounter
+        >>> double = jax.jit(lambda x: 2 * x)
+        >>> x, y = jnp.ones(3), jnp.zeros(3)
+        >>> with CompileCounter() as cc:
+        ...     _ = double(x), double(y)  # one shape: one compilation
+        >>> cc.count
+        1
     """
 
     def __init__(self):

@@ -40,11 +40,11 @@ def scored_samples():
 
 def warm_optima(cache):
     """Compute (or find) the optima of every scored sample, in one batch."""
-    from sphyr_jax.rl import score_completions
-    from sphyr_jax.scoring.metrics import ScoreItem
+    from sphyr_jax.scoring.records import score_records
 
-    score_completions([ScoreItem(s.ground_truth, s.ground_truth, s.input_grid, s.gravity_dir)
-                       for s in scored_samples()], cache)
+    score_records([{"completion": s.ground_truth, "ground_truth": s.ground_truth,
+                    "input_grid": s.input_grid, "gravity_dir": s.gravity_dir}
+                   for s in scored_samples()], cache=cache)
     return cache
 
 

@@ -23,14 +23,24 @@ from conftest import REPO, SETS, run_app
 import sphyr_jax as sj
 from sphyr_jax.app import cli
 from sphyr_jax.data.convert import convert_raw_dir
+from sphyr_jax.data.datasets import load_subject
 from sphyr_jax.errors import UserInputError
+from sphyr_jax.evaluation.baselines import baseline_records
 from sphyr_jax.scoring.results import rescore_tree
-
-EMBEDDED = REPO / "data" / "results" / "solid" / "full_easy_results.json"
 
 
 def _records(n=3):
-    return json.loads(EMBEDDED.read_text())[:n]
+    """The first records of the solid baseline on the embedded ``full_easy`` (as
+    ``baselines`` writes them: results trees are regenerated, not shipped)."""
+    data = load_subject(SETS / "dataset", "full_easy")[:n]
+    return baseline_records("solid", "full_easy", data)
+
+
+@pytest.fixture(scope="module")
+def solid_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("solid") / "full_easy_results.json"
+    path.write_text(json.dumps(_records(20)))
+    return path
 
 
 def _tree(root: pathlib.Path, models=("m",), n=3) -> pathlib.Path:
@@ -77,12 +87,15 @@ def test_help_lists_commands_and_each_commands_flags():
     (["rescore", "--results_root=/nonexistent/tree"], "does not exist"),
     (["validate", "--subject=nope"], "nope"),
     (["plot", "--input=README.md"], "README.md"),
-    (["plot", f"--input={EMBEDDED}", "--index=99"], "record index 99 is out of range"),
+    (["plot", "--input={solid_file}", "--index=99"], "record index 99 is out of range"),
     (["validate", "--results_root=/nonexistent", "--output_dir=/x"],
      "validate does not read --output_dir, --results_root"),
     (["generate"], "generate needs --output_dir"),
 ])
-def test_user_mistakes_are_one_line_and_exit_2(argv, needle):
+def test_user_mistakes_are_one_line_and_exit_2(argv, needle, request):
+    if any("{solid_file}" in a for a in argv):
+        solid = request.getfixturevalue("solid_file")
+        argv = [a.replace("{solid_file}", str(solid)) for a in argv]
     quiet = argv and argv[0] in cli.COMMANDS and "progress" in cli.command_flags(argv[0])
     done = _app(*argv, *(["--progress=false"] if quiet else []))
     assert done.returncode == 2, done.stderr
@@ -204,11 +217,12 @@ def test_traceback_on_request():
     assert done.returncode == 2 and "Traceback" in done.stderr
 
 
-def test_rescore_never_writes_the_shipped_data(monkeypatch, optimum_cache, capsys):
-    before = _digest(REPO / "data" / "results")
+def test_rescore_without_a_results_root_writes_nothing(monkeypatch, optimum_cache, capsys):
+    """rescore never picks a tree by itself (the checkout's data/ included)."""
+    before = _digest(REPO / "data")
     assert run_app(["rescore", "--progress=false"], monkeypatch, optimum_cache) == 2
     assert "rescore needs --results_root" in capsys.readouterr().err
-    assert _digest(REPO / "data" / "results") == before
+    assert _digest(REPO / "data") == before
 
 
 # --- one bad file or record never stops the run ----------------------------------------------

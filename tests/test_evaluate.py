@@ -14,12 +14,14 @@ from conftest import COMPILE_CACHE, GPT4O_RESULTS, REPO, SETS, require_shared, r
 
 from sphyr_jax import get_structural_metrics
 from sphyr_jax.data.datasets import load_subject
-from sphyr_jax.evaluation import harness
+from sphyr_jax.errors import UserInputError
+from sphyr_jax.evaluation import harness, runner, storage
 from sphyr_jax.evaluation.harness import RetryPolicy, evaluate, load_tasks, subject_tasks
 from sphyr_jax.evaluation.prompts import PromptSpec
 from sphyr_jax.io import CorruptFileError
 from sphyr_jax.problem.grids import grid_to_text
 from sphyr_jax.scoring.metrics import METRIC_FIELDS
+from sphyr_jax.scoring.records import score_records
 
 SUBJECT = "3_random_row_easy"
 OTHER = "full_hard"
@@ -43,13 +45,13 @@ def optima(data, optimum_cache):
     yardstick instead of one per batch size; later runs find the optima in the cache."""
     tasks = [t for ts in load_tasks(data, [SUBJECT, OTHER], sample_count=None).values()
              for t in ts]
-    tasks += subject_tasks(load_subject(data, OTHER), OTHER, PromptSpec(rotations=1),
+    tasks += subject_tasks(load_subject(data, OTHER), OTHER, spec=PromptSpec(rotations=1),
                            sample_count=2)
     records = [{"prompt": t.prompt, "ground_truth": t.ground_truth, "completion": t.ground_truth,
                 "gravity_dir": list(t.query.gravity_dir or (1, 0))} for t in tasks]
     if GPT4O_RESULTS.exists():
         records += _read(GPT4O_RESULTS)[:4]
-    harness._score(records, optimum_cache)
+    score_records(records, cache=optimum_cache)
     return optimum_cache
 
 
@@ -185,13 +187,13 @@ def test_faults_are_retried_reported_and_never_stored(data, key, optima, tmp_pat
 def test_concurrency_is_bounded_and_answers_are_scored_in_batches(data, key, optima,
                                                                  tmp_path, monkeypatch):
     batches = []
-    real = harness._score
+    real = runner._score
 
     def spy(records, *args, **kwargs):
         batches.append(len(records))
         return real(records, *args, **kwargs)
 
-    monkeypatch.setattr(harness, "_score", spy)
+    monkeypatch.setattr(runner, "_score", spy)
     with ChatServer(lambda p, a: Reply(solid_fill(p), delay=0.1), max_requests=20) as server:
         summary = evaluate("m", dataset=data, subjects=[SUBJECT, OTHER], results_root=tmp_path,
                            backend_options={**key, "base_url": server.url}, concurrency=3,
@@ -210,6 +212,30 @@ def test_a_corrupt_results_file_is_left_untouched(data, tmp_path):
     with pytest.raises(CorruptFileError, match="invalid JSON"):
         evaluate("baseline:empty", dataset=data, subjects=[SUBJECT], results_root=tmp_path)
     assert path.read_bytes() == b'[{"prompt": "truncated'
+
+
+def test_a_run_refuses_a_folder_in_use_and_leaves_no_lock_behind(data, optima, tmp_path):
+    """A second process on the same folder is refused; a clean run removes its lock file."""
+    folder = tmp_path / "baseline_solid"
+    folder.mkdir()
+    hold = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.readline()")
+    other = subprocess.Popen([sys.executable, "-c", hold, str(folder / harness.LOCK_FILE)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(UserInputError, match="being written by another evaluate run"):
+            evaluate("baseline:solid", dataset=data, subjects=[OTHER], results_root=tmp_path,
+                     cache=optima)
+    finally:
+        other.kill()
+        other.wait(timeout=30)
+    assert not (folder / f"{OTHER}_results.json").exists()
+    summary = evaluate("baseline:solid", dataset=data, subjects=[OTHER], results_root=tmp_path,
+                       cache=optima)
+    assert summary.failures == [] and summary.subjects[0].complete
+    assert sorted(p.name for p in folder.iterdir()) == [
+        f"{OTHER}_aggregated_results.json", f"{OTHER}_results.json"]
 
 
 def test_replay_serves_the_stored_samples_and_reproduces_the_published_figures(
@@ -352,7 +378,7 @@ def test_a_killed_run_resumes_without_losing_or_repeating(data, optima, tmp_path
         assert len(lost) <= 4  # at most the answers of calls in flight (concurrency 2)
 
         first_hits = len(server.hits)
-        cmd = _evaluate_cmd(server.url, data, root, tmp_path / "optima", 8)
+        cmd = _evaluate_cmd(server.url, data, root, tmp_path / "optima", 8) + ["--progress"]
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=180)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -376,6 +402,6 @@ def test_results_files_are_printed_like_json_dump_with_indent_2(tmp_path):
     records = _read(require_shared(GPT4O_RESULTS))[:5]
     records[0]["gravity_dir"] = [0, -1]
     records[1]["completion"] = "ünïcode ```\nfence\t\"quoted\"\n"
-    text = harness._file_text([harness.encode_record(r) for r in records])
+    text = storage.file_text([harness.encode_record(r) for r in records])
     assert text == json.dumps(records, indent=2, ensure_ascii=False) + "\n"
-    assert harness._file_text([]) == json.dumps([], indent=2) + "\n"
+    assert storage.file_text([]) == json.dumps([], indent=2) + "\n"

@@ -168,11 +168,11 @@ def test_checkpoint_backend_equals_the_training_completion(tmp_path):
     assert backend.name == f"checkpoint:{tmp_path / 'ckpt'}"
     assert type(backend).__module__ == "sphyr_jax.training.backend"  # loaded by name
     for subject, turns in (("full_easy", 0), ("3_random_row_hard", 1)):
-        for task in subject_tasks(_records(subject), subject, PromptSpec(rotations=turns),
+        for task in subject_tasks(_records(subject), subject, spec=PromptSpec(rotations=turns),
                                   sample_count=2):
             q = task.query
-            expected = complete_grid(model, [list(r) for r in q.input_grid], q.hard,
-                                     q.gravity_dir)
+            expected = complete_grid(model, [list(r) for r in q.input_grid], hard=q.hard,
+                                     gravity_dir=q.gravity_dir)
             assert _complete(backend, q) == grid_to_text(expected)
     with pytest.raises(UserInputError, match="not a checkpoint"):
         make_backend(f"checkpoint:{tmp_path}")

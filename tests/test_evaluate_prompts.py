@@ -64,7 +64,7 @@ def test_rotated_prompts(path, data, subject, turns, gravity):
     the prompt's text around the grid unchanged."""
     head, _, tail = _split(_stored(path)[0]["prompt"])  # every hard subject words it alike
     records = _jsonl(data)[:6]
-    tasks = subject_tasks(records, subject, PromptSpec(rotations=turns), sample_count=None)
+    tasks = subject_tasks(records, subject, spec=PromptSpec(rotations=turns), sample_count=None)
     assert len(tasks) == 6
     for task in tasks:
         source = records[task.query.index]
@@ -106,7 +106,7 @@ def test_few_shot_prompts_show_other_solved_records_of_the_subject():
     answers = {_text(r["input_grid"]): _text(r["ground_truth"]) for r in records}
     spec = PromptSpec(few_shot=3)
     assert spec.suffix == "_few_shot_3"
-    for task in subject_tasks(records, "3_random_row_easy", spec, sample_count=5):
+    for task in subject_tasks(records, "3_random_row_easy", spec=spec, sample_count=5):
         shown = re.findall(r"Example (\d) input:\n\n(.*?)\n\nExample \1 solution:\n\n(.*?)\n\n",
                            task.prompt, flags=re.DOTALL)
         assert [n for n, _, _ in shown] == ["1", "2", "3"]
@@ -133,21 +133,25 @@ def test_project_styles_and_templates():
         f"Fill with {prompts.FILL_EASY}.\nL V\nS 0\nEnd.")
 
 
-def test_scoring_reads_a_prompt_grid_exactly_like_the_general_reader():
-    """The scorer splits the grid of the project's prompts directly; it must be the grid
-    the general reader finds (the last grid of the prompt), for every style and turn."""
-    from sphyr_jax.evaluation.harness import _prompt_grid
-    from sphyr_jax.problem.grids import extract_grid
+def test_a_task_grid_is_the_grid_every_reader_finds_in_its_prompt():
+    """The harness scores a record with its task's masked grid instead of reading the
+    prompt again; that grid must be the one the general reader (the physics) and the
+    published reader (the static metrics) find in the prompt, for every style and turn,
+    and replayed tasks take exactly the general reader's."""
+    from sphyr_jax.evaluation.tasks import replay_tasks
+    from sphyr_jax.problem.grids import extract_grid, last_plain_lines
 
-    stored = [r["prompt"] for path in (GPT4O_RESULTS, CLAUDE_RESULTS) for r in _stored(path)]
     records = [json.loads(line) for line in
                (SETS / "dataset" / "1_random_cell_hard.jsonl").read_text().splitlines()]
-    made = [t.prompt for spec in (PromptSpec(), PromptSpec(rotations=3, few_shot=2),
-                                  PromptSpec(style="physics_neutral"),
-                                  PromptSpec(style="load_direction", rotations=1))
-            for t in subject_tasks(records, "1_random_cell_hard", spec, sample_count=4)]
-    for prompt in stored + made:
-        assert _prompt_grid(prompt) == extract_grid(prompt)
-        assert isinstance(_prompt_grid(prompt), list)
-    custom = "Grid:\n0 L\nV S\nThanks."
-    assert _prompt_grid(custom) == custom  # not the project's markers: left to the reader
+    made = [t for spec in (PromptSpec(), PromptSpec(rotations=3, few_shot=2),
+                           PromptSpec(style="physics_neutral"),
+                           PromptSpec(style="physics_enhanced", few_shot=1),
+                           PromptSpec(style="load_direction", rotations=1))
+            for t in subject_tasks(records, "1_random_cell_hard", spec=spec, sample_count=4)]
+    replayed = [t for path in (GPT4O_RESULTS, CLAUDE_RESULTS)
+                for t in replay_tasks(require_shared(path))]
+    assert len(made) == 20 and len(replayed) == 200
+    for task in made + replayed:
+        grid = [list(row) for row in task.query.input_grid]
+        assert extract_grid(task.prompt) == grid
+        assert [line.split() for line in last_plain_lines(task.prompt)] == grid

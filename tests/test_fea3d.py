@@ -605,7 +605,7 @@ def test_scoring_voxel_completions(optimum_cache):
 
     answer, empty, solid = sj.score_batch(
         [sj.ScoreItem(c, gt, rec["input_grid"]) for c in (gt, filled("0"), filled("1"))],
-        optimum_cache)
+        cache=optimum_cache)
     assert answer.physically_valid and answer.load_carrying
     assert answer.optimal_compliance <= answer.ground_truth_compliance * (1 + 1e-12)
     assert 0.0 < answer.topology_score <= 1.0
@@ -658,7 +658,7 @@ def test_rescore_tree_with_voxel_and_2d_results(tmp_path, optimum_cache):
     np.testing.assert_allclose(answer["compliance"], answer["ground_truth_compliance"],
                                rtol=1e-9)
     direct = sj.score_batch([sj.ScoreItem(rec3["ground_truth"], rec3["ground_truth"],
-                                          rec3["input_grid"])], optimum_cache)[0]
+                                          rec3["input_grid"])], cache=optimum_cache)[0]
     np.testing.assert_allclose(answer["topology_score"], direct.topology_score, rtol=1e-12)
     assert empty["physically_valid"] and not empty["load_carrying"]
     assert empty["topology_score"] == 0.0

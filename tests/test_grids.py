@@ -496,3 +496,15 @@ def test_fuzz_clean_round_trip(grid):
     dens, report = densities_from_grid(text)
     _check_densities(grid, dens, report)
     assert report.unparsable_cells == 0
+
+
+@FUZZ
+@given(token_grids(), st.sampled_from(["\n", "\r\n", "\r", "\n\n", "\n \n"]),
+       st.sampled_from([" ", "  ", "\t", " , "]), st.sampled_from(["", " ", "\n", "```\n"]))
+def test_fuzz_plain_grid_reads_what_extract_grid_reads(grid, newline, space, edge):
+    """Whenever the fast reader accepts a text, the general reader returns the same rows
+    (the scorer reads clean answers, inputs and completions with the fast one)."""
+    text = edge + newline.join(space.join(row) for row in grid) + edge
+    rows = plain_grid(text)
+    if rows is not None:
+        assert extract_grid(text) == rows

@@ -5,6 +5,8 @@ import json
 import math
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -198,3 +200,44 @@ def test_commit_files_creates_folders_and_removes_them_on_failure(tmp_path, monk
 
     io.commit_files(texts)
     assert [p.read_text() for p in texts] == ["replacement", "1", "2"]
+
+
+_HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _holder(path):
+    """Another process holding an advisory lock on ``path`` (until it reads a line)."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_exclusive_lock_refuses_a_second_holder_and_removes_its_file(tmp_path):
+    """A lock held by another process refuses this one at once; a clean release removes
+    the file; a holder killed while holding leaves a file that locks again at once."""
+    path = tmp_path / ".lock"
+    holder = _holder(path)
+    try:
+        with pytest.raises(io.LockedError, match="busy here"), io.exclusive_lock(
+                path, busy="busy here"):
+            pass
+        assert path.exists()  # the refused attempt leaves the holder's file alone
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert path.exists()  # killed: no clean release, but no one holds it
+    with io.exclusive_lock(path):
+        assert path.exists()
+        with pytest.raises(io.LockedError), io.exclusive_lock(path):  # one holder, also here
+            pass
+    assert not path.exists()
+    with io.exclusive_lock(path):  # and again, on a new file
+        assert path.exists()
+    assert not path.exists()

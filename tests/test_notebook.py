@@ -17,7 +17,7 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-NOTEBOOK = REPO / "experiments" / "quickstart.ipynb"
+NOTEBOOK = REPO / "docs" / "examples" / "quickstart.ipynb"
 CELL_TIMEOUT_S = 300
 
 

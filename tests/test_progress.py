@@ -84,7 +84,7 @@ def test_scoring_reports_each_stage_from_its_start_and_once():
     items = [sj.ScoreItem(c, r["ground_truth"], r["input_grid"])
              for c, r in zip(solid, records, strict=True)]
     calls = []
-    sj.score_batch(items, OptimumCache(), include_own_budget_reference=True,
+    sj.score_batch(items, cache=OptimumCache(), include_own_budget_reference=True,
                    progress=lambda *call: calls.append(call))
     stages = {}
     for stage, done, total in calls:

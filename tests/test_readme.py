@@ -1,5 +1,5 @@
-"""The README as a newcomer meets it: its examples run as pasted, its Quick start
-says what it does, its commands leave the checkout clean.
+"""The README as a newcomer meets it: short, its examples run as pasted, its Quick start
+says what it does, its commands (and the documentation's) leave the checkout clean.
 
 Every Python block runs in a fresh process from the repository root, written to
 a file on its own, as a reader pastes it (no block sees another's names).
@@ -19,6 +19,8 @@ import pytest
 from conftest import IN_CI, REPO, child_env
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
+DOCS = [p.read_text(encoding="utf-8") for p in sorted((REPO / "docs").rglob("*.md"))]
+MAX_LINES = 200  # a pitch, the Quick start, one example, the figures, links, a citation
 
 # Packages of the optional extras ([env]): blocks that import them run where the
 # extra is installed (always under CI, whose install has every extra).
@@ -34,8 +36,16 @@ def _python_blocks() -> list[tuple[int, str]]:
 BLOCKS = _python_blocks()
 
 
-def test_the_readme_has_python_examples():
-    assert len(BLOCKS) >= 6
+def test_the_readme_fits_on_two_screens_and_has_an_example():
+    assert len(README.splitlines()) <= MAX_LINES
+    assert len(BLOCKS) >= 1
+
+
+def test_readme_examples_import_only_public_names():
+    """No ``sphyr_jax._x`` or ``sphyr_jax.a._b`` import: examples show the public API."""
+    for _, block in BLOCKS:
+        for line in re.findall(r"^(?:from|import) (sphyr_jax[\w.]*)", block, re.M):
+            assert not any(part.startswith("_") for part in line.split(".")), line
 
 
 @pytest.mark.parametrize("line, block", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
@@ -74,10 +84,11 @@ def _quick_start() -> list[str]:
 PROGRESS_LINE = re.compile(r"^[\w -]+: \d+/\d+ in \d+\.\d s \([^)]*\)$")
 
 
-def test_quick_start_main_job_prints_its_table_and_nothing_else_on_stderr():
-    """The Quick start's first command, as written: the validate table on stdout; on
-    stderr one progress line per stage and nothing else (no JAX backend probes, no
-    warnings); with --noprogress, nothing at all."""
+def test_quick_start_main_job_prints_its_table_and_nothing_on_stderr():
+    """The Quick start's first command, as written, off a terminal: the validate table on
+    stdout and not one line on stderr (no JAX backend probes, no warnings, no progress: the
+    app draws progress on a terminal, and elsewhere only when --progress asks for it).
+    With --progress, one line per stage and nothing else."""
     first = _quick_start()[0]
     job = first.split("&&")[-1].split()
     assert job[:3] == ["python", "-m", "sphyr_jax"]
@@ -85,15 +96,16 @@ def test_quick_start_main_job_prints_its_table_and_nothing_else_on_stderr():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "Reference optimiser beaten by the dataset answer on 0/20 samples." in done.stdout
-    lines = done.stderr.splitlines()
-    assert lines and all(PROGRESS_LINE.match(line) for line in lines), done.stderr
+    assert done.stderr == "", done.stderr
+    asked = subprocess.run([sys.executable, *job[1:], "--progress", "--samples=2"],
+                           cwd=REPO, env=child_env(), capture_output=True, text=True,
+                           timeout=600)
+    assert asked.returncode == 0, asked.stderr
+    lines = asked.stderr.splitlines()
+    assert lines and all(PROGRESS_LINE.match(line) for line in lines), asked.stderr
     stages = [line.split(":")[0] for line in lines]
     assert len(stages) == len(set(stages)), "a stage was reported twice"
     assert {"analysis", "optima"} <= set(stages)
-    quiet = subprocess.run([sys.executable, *job[1:], "--noprogress", "--samples=2"],
-                           cwd=REPO, env=child_env(), capture_output=True, text=True,
-                           timeout=600)
-    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
 
 
 def test_quick_start_says_what_the_shared_data_are_and_the_measured_time():
@@ -150,16 +162,17 @@ FILE_FLAGS = ("output", "output_json")
 
 
 def _written_paths() -> set[str]:
-    """Paths the README's commands write under the checkout (placeholders left out);
-    folders end in ``/``."""
+    """Paths the commands of the README and the documentation write under the checkout
+    (placeholders left out); folders end in ``/``."""
     found = set()
+    text = "\n".join([README, *DOCS])
     for flag in FOLDER_FLAGS + FILE_FLAGS:
-        for value in re.findall(rf"--{flag}=([^\s`\\)\]]+)", README):
+        for value in re.findall(rf"--{flag}=([^\s`\\)\]]+)", text):
             if "..." in value or value.startswith(("<", "../", "/", "data/")) or \
                     re.fullmatch(r"[A-Z_]+(\.\w+)?", value):
                 continue
             found.add(value + "/" if flag in FOLDER_FLAGS else value)
-    found |= {f"{v}/" for v in re.findall(r'cache_dir="([^"]+)"', README)}
+    found |= {f"{v}/" for v in re.findall(r'cache_dir="([^"]+)"', text)}
     found.add("plot.png")  # plot's default --output
     return found
 
@@ -199,7 +212,7 @@ _ENTRY_SCRIPT = textwrap.dedent("""
 
     check("TopologyReward", TopologyReward)
     check("TopologyEnvironment", lambda: TopologyEnvironment(embedded("dataset")))
-    check("run_feedback_experiment", lambda: run_feedback_experiment(lambda p: "", [], 0))
+    check("run_feedback_experiment", lambda: run_feedback_experiment(lambda p: "", [], rounds=0))
     with tempfile.TemporaryDirectory() as root:
         # a model spec it refuses: float64 is on before that first check
         check("evaluate", lambda: evaluate("baseline:nope", results_root=root,

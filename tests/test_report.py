@@ -60,9 +60,9 @@ EASY = "full_easy"
 
 
 def _with_static(records: list[dict]) -> list[dict]:
-    statics = static_metrics_batch([r["prompt"] for r in records],
-                                   [r["completion"] for r in records],
-                                   [r["ground_truth"] for r in records])
+    statics = static_metrics_batch([r["completion"] for r in records],
+                                   [r["ground_truth"] for r in records],
+                                   [r["prompt"] for r in records])
     return [dict(r, **m.as_dict()) for r, m in zip(records, statics, strict=True)]
 
 

@@ -142,7 +142,7 @@ def test_rescore_fills_every_static_field(rescored):
             assert 0.0 <= rec["force_path_cost_average_efficiency_ratio"] <= 1.0
             assert 0.0 <= rec["difficulty_score"] <= 3.0
             # The same figures as the public one-record function, on the same text.
-            alone = static_metrics(old["prompt"], old["completion"], old["ground_truth"])
+            alone = static_metrics(old["completion"], old["ground_truth"], old["prompt"])
             assert {k: rec[k] for k in STATIC_METRIC_KEYS} == alone.as_dict()
         assert sum(r["valid_output_grid"] for r in new) >= 0.9 * len(new)
         assert sum(r["load_support_connected"] for r in new) >= 0.5 * len(new)
@@ -459,7 +459,7 @@ def test_score_records_physics_and_static_share_the_direction(gpt4o_records, opt
     assert isinstance(full, CompletionMetrics) and full.as_dict() == fields
     assert {k: fields[k] for k in STRUCTURAL_FIELDS} == plain.as_dict()
     assert {k: fields[k] for k in STATIC_METRIC_KEYS} == static_metrics(
-        record["prompt"], record["completion"], record["ground_truth"]).as_dict()
+        record["completion"], record["ground_truth"], record["prompt"]).as_dict()
 
     # Turned upside down with the load pointing up, from the record or from the
     # caller (a folder's rule): the same problem, so the same compliances, and

@@ -70,7 +70,7 @@ S S 0
 
 def test_difference_ratios_by_hand():
     out = g("L L 1\n1 0 0\n0 1 0\nS S 0")  # two cells differ by 1 each
-    m = static_metrics(None, out, ANSWER)
+    m = static_metrics(out, ANSWER)
     assert m.valid_output_grid and not m.exact_match
     assert m.difference_ratio == pytest.approx(1 - 2 / 3)
     assert m.relative_difference_ratio == pytest.approx(1 - 2 / 3)
@@ -79,7 +79,7 @@ def test_difference_ratios_by_hand():
 
 def test_support_pairs_are_penalised_and_ratios_go_negative():
     out = g("L L 1\n1 0 0\n0 1 0\nS 1 0")  # plus an S answered with a 1
-    m = static_metrics(None, out, ANSWER)
+    m = static_metrics(out, ANSWER)
     assert m.difference_ratio == pytest.approx(1 - 3 / 3)
     assert m.relative_difference_ratio == pytest.approx(1 - 3 / 3)
     assert m.penalized_difference_ratio == pytest.approx(1 - (1 + 1 + 3) / 3)
@@ -87,25 +87,25 @@ def test_support_pairs_are_penalised_and_ratios_go_negative():
 
 
 def test_exact_match_and_decimal_differences():
-    m = static_metrics(None, ANSWER, ANSWER)
+    m = static_metrics(ANSWER, ANSWER)
     assert m.exact_match and m.difference_ratio == 1.0 == m.relative_difference_ratio
     answer = g("L 0.3 0.4\nS 0.2 0.1")
     total = 0.3 + 0.4 + 0.2 + 0.1  # row-major, as the published loop adds
-    m = static_metrics(None, g("L 0.1 0.4\nS 0.2 0.1"), answer)
+    m = static_metrics(g("L 0.1 0.4\nS 0.2 0.1"), answer)
     assert m.difference_ratio == pytest.approx(1 - 1 / total, rel=1e-15)
     # |0.1 - 0.3| in decimal arithmetic is exactly 0.2 (0.3 - 0.1 in binary is not).
     assert m.relative_difference_ratio == 1 - 0.2 / total
     assert 0.3 - 0.1 != 0.2
     # "1" and "1.0" differ as strings but not in value.
-    m = static_metrics(None, g("L 1.0\nS 0"), g("L 1\nS 0"))
+    m = static_metrics(g("L 1.0\nS 0"), g("L 1\nS 0"))
     assert not m.exact_match and m.difference_ratio == 0.0  # 1 - 1/1
     assert m.relative_difference_ratio == 1.0 == m.penalized_difference_ratio
 
 
 def test_answer_without_material():
     answer = g("L 0\nS 0")
-    assert static_metrics(None, g("L 0\nS 0"), answer).difference_ratio == 1.0
-    m = static_metrics(None, g("L 1\nS 0"), answer)  # the published code divides by zero
+    assert static_metrics(g("L 0\nS 0"), answer).difference_ratio == 1.0
+    m = static_metrics(g("L 1\nS 0"), answer)  # the published code divides by zero
     assert m.difference_ratio == 0.0 == m.relative_difference_ratio
 
 
@@ -126,18 +126,18 @@ INPUT = g("V L 0\nV V 0\n0 1 0\nS S V")
     None,
 ])
 def test_invalid_outputs_score_nothing_but_difficulty(output):
-    valid = static_metrics(INPUT, ANSWER, ANSWER)
-    m = static_metrics(INPUT, output, ANSWER)
+    valid = static_metrics(ANSWER, ANSWER, INPUT)
+    m = static_metrics(output, ANSWER, INPUT)
     expected = StaticMetrics(difficulty_score=valid.difficulty_score)
     assert m == expected
     assert m.difficulty_score > 0
 
 
 def test_unusable_answer_or_direction():
-    assert static_metrics(INPUT, ANSWER, "L L\n0") == StaticMetrics()
-    m = static_metrics(INPUT, ANSWER, ANSWER, gravity_dir=(0, 0))
+    assert static_metrics(ANSWER, "L L\n0", INPUT) == StaticMetrics()
+    m = static_metrics(ANSWER, ANSWER, INPUT, gravity_dir=(0, 0))
     assert not m.valid_output_grid and m.difficulty_score > 0
-    assert not static_metrics(INPUT, ANSWER, ANSWER, gravity_dir=(1, 0, 0, 1)).valid_output_grid
+    assert not static_metrics(ANSWER, ANSWER, INPUT, gravity_dir=(1, 0, 0, 1)).valid_output_grid
 
 
 # ----------------------------------------------------------------------------
@@ -152,11 +152,11 @@ def test_path_costs_by_hand():
     assert force_path_cost(DIAGONAL) == pytest.approx(1.5 * (1.05 + 1.10 + 1.15))
     # Down 1.0 x (1.05, 1.10), then diagonal 1.5 x 1.15, then sideways 1.5 x 1.15 twice.
     assert force_path_cost(ELBOW) == pytest.approx(1.05 + 1.10 + 3 * 1.5 * 1.15)
-    m = static_metrics(None, ELBOW, DIAGONAL)
+    m = static_metrics(ELBOW, DIAGONAL)
     assert m.force_path_cost_average_efficiency_ratio == pytest.approx(4.95 / 7.325)
     assert m.load_support_connected and m.load_support_connected_force_directional
     # The cheaper output is clipped to 1.
-    assert static_metrics(None, DIAGONAL, ELBOW).force_path_cost_average_efficiency_ratio == 1.0
+    assert static_metrics(DIAGONAL, ELBOW).force_path_cost_average_efficiency_ratio == 1.0
 
 
 def test_mean_over_loads_with_an_unsupported_load():
@@ -181,7 +181,7 @@ UPWARD = "S 0\n1 0\nL 0"
     ((0, -1), True, 1.5 * (1.05 + 1.10)),  # left: the same
 ])
 def test_each_load_direction(gravity, directional, cost):
-    m = static_metrics(None, UPWARD, UPWARD, gravity)
+    m = static_metrics(UPWARD, UPWARD, None, gravity)
     assert m.load_support_connected
     assert m.load_support_connected_force_directional is directional
     assert force_path_cost(UPWARD, gravity) == pytest.approx(cost)
@@ -203,7 +203,7 @@ def test_step_weights_by_hand():
 def test_directional_search_takes_only_steps_along_the_load():
     # The way round needs a step up: connected, but not along the load.
     grid = "L 0 0\n1 0 S\n1 1 1"
-    m = static_metrics(None, grid, grid)
+    m = static_metrics(grid, grid)
     assert m.load_support_connected and not m.load_support_connected_force_directional
     assert m.force_path_cost_average_efficiency_ratio == 1.0
     assert force_path_cost(grid) == MAX_PATH_COST
@@ -217,27 +217,27 @@ L 0 0 0 1
 1 1 0 0 0
 0 0 0 S 0
 """)
-    m = static_metrics(None, grid, grid)
+    m = static_metrics(grid, grid)
     assert m.isolated_clusters_count == 3  # (0,4); (1,2); (3,0)-(3,1)
     assert not m.load_support_connected and not m.load_support_connected_force_directional
     assert m.force_path_cost_average_efficiency_ratio == 1.0  # both cost 1000
     grid[2][1] = "0.5"  # touches (1,0), (1,2) and (3,*) diagonally: one group with the load
-    m = static_metrics(None, grid, grid)
+    m = static_metrics(grid, grid)
     assert m.isolated_clusters_count == 1
     grid[3][2] = "1"  # and now it reaches the support
-    m = static_metrics(None, grid, grid)
+    m = static_metrics(grid, grid)
     assert m.load_support_connected and m.load_support_connected_force_directional
 
 
 def test_no_load_or_no_support():
     for grid in ("0 1 0\n1 1 0\nS S 0", "L L 0\n1 1 0\n0 1 0"):
-        m = static_metrics(None, grid, grid)
+        m = static_metrics(grid, grid)
         assert m.valid_output_grid
         assert not m.load_support_connected and not m.load_support_connected_force_directional
         assert m.force_path_cost_average_efficiency_ratio == 0.0
         assert force_path_cost(grid) == 0.0
     # A support only: the material touching it is not isolated, the rest is.
-    assert static_metrics(None, "1 0 1\n0 0 0\nS 0 0", "1 0 1\n0 0 0\nS 0 0"
+    assert static_metrics("1 0 1\n0 0 0\nS 0 0", "1 0 1\n0 0 0\nS 0 0", None
                           ).isolated_clusters_count == 2
 
 
@@ -249,17 +249,17 @@ def test_tied_paths():
 
 def test_voxel_grids_use_26_neighbours():
     layers = [[["L", "0"], ["0", "0"]], [["0", "0"], ["0", "S"]]]
-    m = static_metrics(None, layers, layers, (1, 0, 0))
+    m = static_metrics(layers, layers, None, (1, 0, 0))
     assert m.valid_output_grid and m.exact_match
     assert m.load_support_connected and m.load_support_connected_force_directional
     # The corner step (1, 1, 1) is 54.7 degrees from down: 1.5 x (1 + 0.05 x 1 layer).
     assert force_path_cost(layers, (1, 0, 0)) == pytest.approx(1.5 * 1.05)
     assert force_path_cost(layers) == pytest.approx(1.5 * 1.05)  # the 2D default is down
-    up = static_metrics(None, layers, layers, (-1, 0, 0))
+    up = static_metrics(layers, layers, None, (-1, 0, 0))
     assert up.load_support_connected and not up.load_support_connected_force_directional
     isolated = [[["L", "0", "0"], ["0", "0", "0"], ["0", "0", "1"]],
                 [["0", "0", "0"], ["0", "0", "0"], ["S", "0", "0"]]]
-    assert static_metrics(None, isolated, isolated, (1, 0, 0)).isolated_clusters_count == 1
+    assert static_metrics(isolated, isolated, None, (1, 0, 0)).isolated_clusters_count == 1
 
 
 # ----------------------------------------------------------------------------
@@ -269,26 +269,26 @@ def test_voxel_grids_use_26_neighbours():
 def test_difficulty_weights_by_hand():
     answer = g("0 0 0\n0 0 1\n1 1 1")
     masked = g("V 0 0\n0 V 1\n1 1 V")  # all-zero and equal -> 1; mixed -> 3; mixed -> 3
-    m = static_metrics(masked, answer, answer)
+    m = static_metrics(answer, answer, masked)
     assert m.difficulty_score == pytest.approx(7 / 3)
     assert m.difficulty_weighted_difference_ratio == pytest.approx(7 / 3)  # ratio 1
     answer = g("1 1 1\n1 0 1\n1 1 1")
     masked = g("V 1 1\n1 V 1\n1 1 1")  # mixed -> 3; all ones but 0 -> 2
-    assert static_metrics(masked, answer, answer).difficulty_score == pytest.approx(2.5)
+    assert static_metrics(answer, answer, masked).difficulty_score == pytest.approx(2.5)
     # No numeric neighbour: weight 0, still counted in the mean; L/S answers read as 1.
     answer = g("L S 1\nL S 1")
     masked = g("V S V\nL S 1")
-    assert static_metrics(masked, answer, answer).difficulty_score == pytest.approx(0.5)
-    assert static_metrics(g("V S 1\nL S 1"), answer, answer).difficulty_score == 0.0
+    assert static_metrics(answer, answer, masked).difficulty_score == pytest.approx(0.5)
+    assert static_metrics(answer, answer, g("V S 1\nL S 1")).difficulty_score == 0.0
     assert static_metrics(answer, answer, answer).difficulty_score == 0.0  # no V
-    assert static_metrics(None, answer, answer).difficulty_score == 0.0
-    assert static_metrics(g("V S\nL S"), answer, answer).difficulty_score == 0.0  # shape
+    assert static_metrics(answer, answer).difficulty_score == 0.0
+    assert static_metrics(answer, answer, g("V S\nL S")).difficulty_score == 0.0  # shape
 
 
 def test_difficulty_weighted_ratios_multiply():
     masked = g("V L 0\n1 V 0\n0 1 0\nS S V")
     out = g("L L 1\n1 0 0\n0 1 0\nS S 0")
-    m = static_metrics(masked, out, ANSWER)
+    m = static_metrics(out, ANSWER, masked)
     # (0,0): answer L read as 1, numeric neighbours {1, 1} -> 1; (1,1): mixed -> 3;
     # (3,2): neighbours {0, 1, 0} mixed -> 3.
     assert m.difficulty_score == pytest.approx(7 / 3)
@@ -416,7 +416,7 @@ def _ratio(count, total):
     return 1.0 - count / total if total != 0 else 0.0
 
 
-def reference_metrics(inp, out, gt, gravity):
+def reference_metrics(out, gt, inp, gravity):
     shape = (len(gt), len(gt[0])) if not isinstance(gt[0][0], list) else (
         len(gt), len(gt[0]), len(gt[0][0]))
     cells = _cells(shape)
@@ -503,7 +503,7 @@ def _random_case(rng: random.Random, hard: bool):
         r, c = rng.randrange(rows), rng.randrange(cols)
         out[r][c] = rng.choice(values + ["L", "S"] + (["V", "1.5"] if rng.random() < 0.05
                                                        else []))
-    return inp, out, gt, rng.choice(GRAVITIES)
+    return out, gt, inp, rng.choice(GRAVITIES)
 
 
 def _assert_same(got: StaticMetrics, expected: dict, where: str):
@@ -556,7 +556,7 @@ def test_random_voxel_grids_agree_with_a_plain_implementation():
         inp = [[[("V" if rng.random() < 0.3 else t) for t in row] for row in layer]
                for layer in gt]
         gravity = rng.choice([(1, 0, 0), (-1, 0, 0), (0, 1, 0), (0, 0, -1), (1, 1, 0)])
-        cases.append((inp, out, gt, gravity))
+        cases.append((out, gt, inp, gravity))
     batch = static_metrics_batch(*zip(*cases, strict=True))
     for k, (case, got) in enumerate(zip(cases, batch, strict=True)):
         _assert_same(got, reference_metrics(*case), f"voxel case {k}")
@@ -584,9 +584,9 @@ def test_score_items_use_the_physics_direction():
         ScoreItem(layers, layers, masked, (-1.0, 0.0, 0.0)),
         ScoreItem(UPWARD, UPWARD, None, (-1.0, 0.0)),
     ])
-    assert voxel == static_metrics(masked, layers, layers, (1, 0, 0))
+    assert voxel == static_metrics(layers, layers, masked, (1, 0, 0))
     assert voxel.load_support_connected_force_directional
     assert not turned.load_support_connected_force_directional
     assert voxel.difficulty_score > 0
-    assert flat == static_metrics(None, UPWARD, UPWARD, (-1, 0))
+    assert flat == static_metrics(UPWARD, UPWARD, None, (-1, 0))
     assert flat.load_support_connected_force_directional

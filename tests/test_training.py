@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import EIGHT, REPO, SETS, assert_dihedral_equivariance, symmetry_image
+from conftest import EIGHT, SETS, assert_dihedral_equivariance, symmetry_image
 
 from sphyr_jax import training
+from sphyr_jax.evaluation.baselines import write_baseline_results
 from sphyr_jax.fem import fea
 from sphyr_jax.problem.grids import densities_from_grid, parse_number
 from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
@@ -216,7 +217,7 @@ def test_checkpoint_round_trip(trained, tmp_path):
 def test_completions_keep_known_cells_and_use_the_format(trained, hard):
     model, _ = trained
     grid = GRID
-    out = training.complete_grid(model, grid, hard)
+    out = training.complete_grid(model, grid, hard=hard)
     assert [len(r) for r in out] == [5] * 5
     for row_in, row_out in zip(grid, out, strict=True):
         for t_in, t_out in zip(row_in, row_out, strict=True):
@@ -228,8 +229,8 @@ def test_completions_keep_known_cells_and_use_the_format(trained, hard):
             else:
                 assert t_out in ("0", "1")
     rotated = {"input_grid": grid, "ground_truth": grid, "gravity_dir": [0, 1]}
-    assert training.complete_records(model, [rotated], hard)[0] == training.complete_grid(
-        model, grid, hard, (0, 1))
+    assert training.complete_records(model, [rotated], hard=hard)[0] == training.complete_grid(
+        model, grid, hard=hard, gravity_dir=(0, 1))
     down = training.grid_features(grid)
     side = training.grid_features(grid, (0, 1))
     assert not np.allclose(np.asarray(training.predict(model, jnp.asarray(down[None]))),
@@ -242,22 +243,22 @@ _compliance = jax.jit(fea.compliance)
 class AnswerAsOptimum(OptimumCache):
     """Test double: the dataset answer stands in for the reference optimum (no SIMP)."""
 
-    def get_many(self, cases, seeds=None, progress=None):
+    def get_many(self, cases, seeds=None, *, progress=None, stored=None):
         rho = np.stack([np.asarray(s) for s in seeds])
         c = np.asarray(_compliance(stack_load_cases(cases), rho))
         return OptimumResult(densities=rho, compliance=c, volume_fraction=rho.mean(axis=(1, 2)),
                              iterations=np.zeros(len(c), int), converged=np.ones(len(c), bool))
 
 
-def test_evaluate_scores_completions_physically(trained, full_easy_records):
+def test_complete_and_score_scores_completions_physically(trained, full_easy_records):
     model, _ = trained
     records = [dict(r) for r in full_easy_records[:3]]
     records[2]["gravity_dir"] = [0, 1]
     cache = AnswerAsOptimum()
-    result = training.evaluate(model, records, hard=False, cache=cache)
+    result = training.complete_and_score(model, records, hard=False, cache=cache)
     assert result["samples"] == 3
     assert result["completions"][2] == training.complete_grid(
-        model, records[2]["input_grid"], False, (0, 1))
+        model, records[2]["input_grid"], hard=False, gravity_dir=(0, 1))
     # Independent truth: compliances of the completions and answers by direct FEA.
     cases = [load_case_from_grid(r["ground_truth"], r["input_grid"], r.get("gravity_dir", (1, 0)))
              for r in records]
@@ -275,15 +276,14 @@ def test_evaluate_scores_completions_physically(trained, full_easy_records):
         np.mean([m["topology_score"] for m in result["per_record"]]))
     # Trivial completions: all-solid always carries; with rows 1..8 empty the
     # top-row load cannot reach the bottom-row supports.
-    assert training.fill_baseline(records, "1", cache)["load_carrying"] == 1.0
-    empty = training.fill_baseline(records, "0", cache)
+    assert training.fill_baseline(records, "1", cache=cache)["load_carrying"] == 1.0
+    empty = training.fill_baseline(records, "0", cache=cache)
     assert empty["load_carrying"] == 0.0 and empty["topology_score"] == 0.0
 
 
 # ---------------------------------------------------------------------------
 # Symmetry: turned / mirrored problems through the model and the evaluation path.
 
-DATA = REPO / "data"  # the baselines' results trees
 TRANSFORMS = [(k, None) for k in range(1, 4)] + [(0, 1), (3, 0)]  # (turns, mirror axis)
 
 
@@ -366,14 +366,14 @@ def test_turned_problem_scores_the_same_through_the_evaluation_path(trained, dat
     checked = 0
     for subject, records in data_records.items():
         hard = subject.endswith("_hard")
-        base = training.evaluate(model, records, hard, cache)
-        solid = training.fill_baseline(records, "1", cache)["per_record"]
+        base = training.complete_and_score(model, records, hard=hard, cache=cache)
+        solid = training.fill_baseline(records, "1", cache=cache)["per_record"]
         for k, mirror in TRANSFORMS:
             moved = [transform_record(r, k, mirror=mirror) for r in records]
-            out = training.evaluate(model, moved, hard, cache)
+            out = training.complete_and_score(model, moved, hard=hard, cache=cache)
             assert out["completions"] == [_transform_tokens(c, k, mirror)
                                           for c in base["completions"]]
-            moved_solid = training.fill_baseline(moved, "1", cache)["per_record"]
+            moved_solid = training.fill_baseline(moved, "1", cache=cache)["per_record"]
             for a, b in zip(base["per_record"] + solid, out["per_record"] + moved_solid,
                             strict=True):
                 assert b["load_carrying"] == a["load_carrying"]
@@ -399,7 +399,7 @@ def test_completions_keep_known_cells_and_format_in_every_direction(trained, dat
         "3_random_column_hard" if hard else "5_random_cell_easy"]
     for k in range(4):
         moved = turn_records(records, k)
-        for rec, out in zip(moved, training.complete_records(model, moved, hard), strict=True):
+        for rec, out in zip(moved, training.complete_records(model, moved, hard=hard), strict=True):
             assert np.array(out).shape == (10, 10)
             for t_in, t_out in zip(np.ravel(rec["input_grid"]), np.ravel(out), strict=True):
                 if t_in != "V":
@@ -440,7 +440,8 @@ def test_leaderboard_scores_every_group_beside_baselines_and_stored_completions(
         (s, d) for s in subjects for d in ("down", "right")}
     groups = training.add_turned_groups(groups)
     assert len(groups) == 8 and {g.source for g in groups} == {"dataset"}
-    stored = training.load_results_groups(DATA / "results", subjects, limit=2)
+    write_baseline_results(SETS / "dataset", tmp_path / "results", models=("solid",))
+    stored = training.load_results_groups(tmp_path / "results", subjects, limit=2)
     solid_stored = [g for g in stored if "solid" in g.others]
     assert len(solid_stored) == 2 and all(g.direction == "down" for g in solid_stored)
     board = training.build_leaderboard(model, groups + solid_stored, AnswerAsOptimum())

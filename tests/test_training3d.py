@@ -178,7 +178,8 @@ def test_voxel_completions_keep_known_cells_and_score(trained3d):
                 else:
                     assert t_out == t_in
     # Folders without a direction tag give the 2D default, which means down here too.
-    assert training.complete_grids(model, [rec["input_grid"]], True, [(1, 0)])[0] == done
+    assert training.complete_grids(model, [rec["input_grid"]], hard=True,
+                                   gravity_dirs=[(1, 0)])[0] == done
     with pytest.raises(InvalidProblemError):
         training.grid_features(rec["input_grid"], (0, 1))
     assert sum(t == "V" for t in itertools.chain.from_iterable(

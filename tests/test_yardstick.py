@@ -157,7 +157,7 @@ def test_parity_with_stored_figures(gpt4o_records, stored_optima, optimum_cache)
     """optimal_compliance and topology_score to 1e-6 on >= 98% of the records;
     every record that differs is listed with its reason."""
     items = [ScoreItem(r["completion"], r["ground_truth"], r["prompt"]) for r in gpt4o_records]
-    scored = score_batch(items, optimum_cache)
+    scored = score_batch(items, cache=optimum_cache)
     differ = []
     for i, (rec, m) in enumerate(zip(gpt4o_records, scored, strict=True)):
         c_ok = m.optimal_compliance == pytest.approx(rec["optimal_compliance"],
@@ -224,7 +224,7 @@ def test_cache_keys_differ_between_yardsticks(gpt4o_records):
     with pytest.raises(ValueError):
         yardstick_options("fastest")
     with pytest.raises(ValueError):
-        score_batch([], OptimumCache(), optimum="strong")
+        score_batch([], cache=OptimumCache(), optimum="strong")
 
 
 def test_rescore_reports_a_yardstick_switch(gpt4o_records, stored_optima, optimum_cache,
@@ -357,14 +357,14 @@ def test_a_group_of_completions_is_analysed_as_each_alone():
         probes = probe_completions(rec["ground_truth"], rng, hard=False)
         items += [ScoreItem(c, rec["ground_truth"], rec["input_grid"]) for c in probes.values()]
     items.append(items[1])  # a repeated design
-    scored = score_batch(items, OptimumCache())
+    scored = score_batch(items, cache=OptimumCache())
     assert not all(m.load_carrying for m in scored)  # the empty probe carries nothing
     for item, m in zip(items, scored, strict=True):
-        samples: list = []
-        prepared = metrics._prepare(item, None, samples, {})
-        case = samples[0].case
+        reading = metrics._read_items([item], None)
+        prepared, (sample,) = reading.prepared[0], reading.samples
+        case = sample.case
         alone = fea.analyze(case, prepared.out_rho)
-        answer = fea.analyze(case, samples[0].gt_rho)
+        answer = fea.analyze(case, sample.gt_rho)
         assert m.compliance == pytest.approx(float(alone.compliance), rel=1e-12)
         assert m.load_carrying == bool(alone.load_carrying)
         assert m.max_displacement == pytest.approx(float(alone.max_displacement), rel=1e-12)

@@ -27,8 +27,9 @@ flags.DEFINE_string("cache_dir", None, "Folder persisting reference optima betwe
 flags.DEFINE_string("compilation_cache_dir", None,
                     "JAX persistent compilation cache (default: $SPHYR_JAX_COMPILATION_CACHE "
                     "or ~/.cache/sphyr_jax/jax; '' disables it).")
-flags.DEFINE_bool("progress", True, "Show progress on stderr: a live bar per stage on a "
-                  "terminal, a line per stage elsewhere.")
+flags.DEFINE_bool("progress", True, "Progress on stderr: a live bar per stage on a terminal "
+                  "(the default); --progress also writes one line per stage elsewhere (a log, "
+                  "a pipe), --noprogress shows nothing.")
 flags.DEFINE_string("output_json", None, "Also write the command's result as JSON here.")
 flags.DEFINE_enum("optimum", "reference", ["reference", "strong"],
                   "Yardstick: 'reference' reproduces the published optimum and scores; "
@@ -78,10 +79,21 @@ def setup() -> None:
 
 
 def progress():
-    """The progress reporter the flags ask for (a context manager: its bars close on exit)."""
+    """The progress reporter the flags ask for (a context manager: its bars close on exit).
+
+    As ``git`` does: progress is drawn when stderr is a terminal (live bars, cleared
+    when a stage ends, so no line is left behind), and elsewhere only when
+    ``--progress`` is given (one line per stage), so a command run in a pipe, a log
+    or a fresh install's first try writes nothing on stderr that is not a problem.
+    ``--noprogress`` silences it everywhere.
+    """
+    import sys
+
     from sphyr_jax.progress import ProgressBar
 
-    return ProgressBar(enabled=FLAGS.progress)
+    asked = FLAGS["progress"].present and FLAGS.progress
+    on_terminal = bool(getattr(sys.stderr, "isatty", lambda: False)())
+    return ProgressBar(enabled=FLAGS.progress and (on_terminal or asked))
 
 
 def cache():

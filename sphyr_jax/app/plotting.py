@@ -96,7 +96,7 @@ def plot_layers(grid_or_densities, title=None, columns: int = 5, ndim: int | Non
 
     Args:
         grid_or_densities: 3D grid text (``ndim=3``) or nested token lists
-            [layer][row][column], or an (nz, ny, nx) array.
+            ``[layer][row][column]``, or an (nz, ny, nx) array.
         title: figure title.
         columns: panels per row of the figure.
     """
@@ -141,8 +141,9 @@ def plot_grid(grid_or_densities, ax=None, title=None, load_mask=None, support_ma
             a 3-D grid or (nz, ny, nx) array is drawn by :func:`plot_layers`.
         ax: axes to draw into (default: a new figure).
         title: axes title.
-        load_mask, support_mask, masked_mask: (nely, nelx) bool, replace the
-            grid's own ``L`` / ``S`` / ``V`` cells.
+        load_mask: (nely, nelx) bool, replaces the grid's own ``L`` cells.
+        support_mask: (nely, nelx) bool, replaces the grid's own ``S`` cells.
+        masked_mask: (nely, nelx) bool, replaces the grid's own ``V`` cells.
     """
     from matplotlib.patches import Rectangle
 

@@ -10,11 +10,12 @@ generation, :mod:`sphyr_jax.topopt`.
 
 The embedded sets ship with the package (``sphyr_jax/data/sets``):
 :func:`embedded` gives the folder of one by name, wherever sphyr_jax is
-installed, and :func:`load_subject` reads its records::
+installed, and :func:`load_subject` reads its records:
 
-    from sphyr_jax.data import embedded, load_subject
-
-    records = load_subject(embedded("dataset"), "full_easy")
+>>> from sphyr_jax.data import embedded, load_subject
+>>> records = load_subject(embedded("dataset"), "full_easy")
+>>> len(records)
+20
 """
 
 from sphyr_jax.data.datasets import EMBEDDED_SETS, embedded, list_subjects, load_subject

@@ -119,11 +119,11 @@ def embedded(name: str = "dataset") -> str:
     Raises:
         DatasetError: an unknown name, or a set missing from this installation.
 
-    Example::
-
-        from sphyr_jax.data import embedded, load_subject
-
-        records = load_subject(embedded("dataset_v2"), "full_easy")
+    Examples:
+        >>> from sphyr_jax.data import embedded, load_subject
+        >>> records = load_subject(embedded("dataset_v2"), "full_easy")
+        >>> len(records), sorted(records[0])
+        (100, ['gravity_dir', 'ground_truth', 'index', 'input_grid'])
     """
     if name not in EMBEDDED_SETS:
         raise DatasetError(f"no embedded set {name!r}; sets: {', '.join(EMBEDDED_SETS)}")

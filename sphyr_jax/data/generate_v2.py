@@ -250,7 +250,8 @@ def make_v2_candidate(n: int, load_cells, support_groups, gravity_dir, load_edge
         load_cells: (row, col) cells of the load group.
         support_groups: one or two sequences of (row, col) support cells.
         gravity_dir: (row, col) load direction.
-        load_edge, support_edges: the edges the groups were drawn on.
+        load_edge: the edge the load group was drawn on.
+        support_edges: the edges the support groups were drawn on.
     """
     load = np.zeros((n, n), bool)
     support = np.zeros((n, n), bool)

@@ -407,8 +407,8 @@ class OpenAIChat(Backend):
 
     The prompt is sent as one user message (``POST /chat/completions``
     through the client's plain request method: its transport, authentication
-    and error types, without typed request and reply objects, about a quarter
-    less CPU per call, which counts at hundreds of calls per second); the
+    and error types, without typed request and reply objects, which costs less
+    CPU per call: it counts when hundreds of calls are in flight); the
     reply's text is returned as is (prose, code fences and all: scoring finds
     the grid).  The client's own retries are off (the harness retries with its
     policy); errors are mapped to :class:`BackendError`: 429, 408, 409 and

@@ -63,6 +63,7 @@ class GridReport:
 
 
 _MEMO_CHARS = 32  # tokens up to this long are read once and remembered
+_MAX_TOKEN_CHARS = 24  # a line with a longer token is not a grid row
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -110,7 +111,7 @@ def _is_grid_line(tokens: list[str]) -> bool:
     if not tokens:
         return False
     good = sum(map(is_cell_token, tokens))
-    return 2 * good >= len(tokens) and max(map(len, tokens)) <= 24
+    return 2 * good >= len(tokens) and max(map(len, tokens)) <= _MAX_TOKEN_CHARS
 
 
 def _normalise_text(text: str) -> str:
@@ -174,11 +175,12 @@ def plain_grid(text: str) -> Grid | None:
     """Token rows of a clean text grid, read fast; None for anything else.
 
     Clean is what the project itself writes (dataset answers, the grid of a
-    prompt): rows on lines, cells separated by whitespace, every cell made of
-    ``L``, ``S``, ``V``, digits and ``.`` only, every row as long as the first
-    (surrounding blank space is ignored).  Anything else (a code fence, prose,
-    commas, a blank line between rows, a ragged row) gives None: read such
-    text with :func:`extract_grid`, which returns the same rows for clean text.
+    prompt): rows on lines, cells separated by whitespace, every cell ``L``,
+    ``S``, ``V`` or a plain decimal number (digits and ``.``), every row as
+    long as the first (surrounding blank space is ignored).  Anything else (a
+    code fence, prose, commas, a blank line between rows, a ragged row, a
+    carriage return) gives None: read such text with :func:`extract_grid`.
+    Whenever this returns rows, :func:`extract_grid` returns the same rows.
 
     Args:
         text: the text.
@@ -186,12 +188,16 @@ def plain_grid(text: str) -> Grid | None:
     Returns:
         The grid as token rows, or None.
     """
+    if "\r" in text:
+        return None
     rows = [line.split() for line in text.strip().split("\n")]
     width = len(rows[0])
     if width == 0 or any(len(r) != width for r in rows):
         return None
-    if any(not _PLAIN_CHARS.issuperset(t) for r in rows for t in r):
-        return None
+    for token in {t for r in rows for t in r}:  # few distinct tokens: each checked once
+        if (len(token) > _MAX_TOKEN_CHARS or not _PLAIN_CHARS.issuperset(token)
+                or not _is_cell_text(token)):
+            return None
     return rows
 
 

@@ -31,7 +31,6 @@ from sphyr_jax.rl.reward import (
     completion_text,
     prompt_dataset,
     reward_of,
-    score_completions,
     topology_reward,
 )
 from sphyr_jax.rl.samples import Sample, build_samples, replay_samples
@@ -53,7 +52,6 @@ __all__ = [
     "revision_prompt",
     "reward_of",
     "run_feedback_experiment",
-    "score_completions",
     "topology_reward",
     "verdict",
 ]

@@ -14,14 +14,16 @@ Observations are plain dicts with the published environment's field names
 (``prompt``, ``grid``, ``subject``, ``sample_index``, ``rows``, ``cols``,
 ``cell_values``, ``masked_cells``, ``rotation_count``; after a step
 ``completion``, ``ground_truth``, ``valid_grid``, ``metrics``; and ``reward``,
-``done``).  Scoring is a callable ``scorer(items) -> metrics`` so a server can
-batch it across sessions; by default :func:`sphyr_jax.rl.reward.score_completions`.
+``done``).  Scoring is a callable ``scorer(records) -> metrics`` so a server can
+batch it across sessions; by default :func:`sphyr_jax.scoring.records.score_records`
+(an answer's record is :meth:`Episode.answer_record`).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import os
 import pathlib
 import re
@@ -35,17 +37,19 @@ from sphyr_jax.evaluation.prompts import DEFAULT_SEED, STYLES, PromptSpec
 from sphyr_jax.io import read_json
 from sphyr_jax.problem.grids import extract_grid, grid_to_text
 from sphyr_jax.rl.feedback import revision_prompt
-from sphyr_jax.rl.reward import completion_text, reward_of, score_completions
+from sphyr_jax.rl.reward import reward_of
 from sphyr_jax.rl.samples import Sample, build_samples, replay_samples
 from sphyr_jax.runtime import enable_x64
-from sphyr_jax.scoring.metrics import ScoreItem
+from sphyr_jax.scoring.records import completion_text, score_records
 from sphyr_jax.topopt.optimum import OptimumCache
 
 DEFAULT_SUBJECT = "1_random_cell_easy"
 MAX_FEEDBACK_ROUNDS = 16
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,199}")
 
-Scorer = Callable[[Sequence[ScoreItem]], list]
+Scorer = Callable[[Sequence[dict]], list[dict]]
+"""``scorer(records) -> metrics``: one metrics dict per answer record (see
+:func:`sphyr_jax.scoring.records.score_records`)."""
 
 
 class EpisodeError(UserInputError):
@@ -165,10 +169,11 @@ class Episode:
         """Whether every allowed answer has been given."""
         return self.attempts > self.feedback_rounds
 
-    def item(self, answer: str) -> ScoreItem:
-        """The scoring item of an answer to this sample."""
+    def answer_record(self, answer: str) -> dict:
+        """The record an answer to this sample is scored as."""
         s = self.sample
-        return ScoreItem(answer, s.ground_truth, s.input_grid, s.gravity_dir)
+        return {"completion": answer, "ground_truth": s.ground_truth,
+                "input_grid": s.input_grid, "gravity_dir": s.gravity_dir}
 
     def task_fields(self) -> dict:
         """The observation fields describing the sample."""
@@ -223,8 +228,8 @@ class TopologyEnvironment:
 
     Args:
         library: the shared samples (or a dataset folder to build one from).
-        scorer: ``scorer(items) -> list of metrics dicts``, as
-            :func:`~sphyr_jax.rl.reward.score_completions` (default: that
+        scorer: ``scorer(records) -> list of metrics dicts``, as
+            :func:`~sphyr_jax.scoring.records.score_records` (default: that
             function with ``cache``).
         cache: the optimum cache of the default scorer.
         **defaults: initial ``reset`` options (``subject``, ``sample_count``...).
@@ -235,8 +240,8 @@ class TopologyEnvironment:
         enable_x64()  # an entry point: float64 before any work
         self.library = library if isinstance(library, SampleLibrary) else SampleLibrary(library)
         if scorer is None:
-            cache = cache if cache is not None else OptimumCache()
-            scorer = lambda items: score_completions(items, cache)  # noqa: E731
+            scorer = functools.partial(
+                score_records, cache=cache if cache is not None else OptimumCache())
         self.scorer = scorer
         self.task = TaskConfig()
         self.feedback_rounds = 0
@@ -327,15 +332,15 @@ class TopologyEnvironment:
         self.step_count = 0
         return self.episode.start()
 
-    def pending(self, grid) -> ScoreItem:
-        """The scoring item of an answer to the current episode (checks it may be given)."""
+    def pending(self, grid) -> dict:
+        """The record of an answer to the current episode (checks it may be given)."""
         if self.episode is None:
             raise EpisodeError("no episode: call reset() first")
         if self.episode.done:
             raise EpisodeError("the episode is over; call reset() for the next sample")
         if not isinstance(grid, str):
             raise EpisodeError(f"an answer is text, got {type(grid).__name__}")
-        return self.episode.item(grid)
+        return self.episode.answer_record(grid)
 
     def complete(self, grid: str, metrics: dict) -> dict:
         """Advance the episode with an answer's metrics; the next observation."""
@@ -353,8 +358,8 @@ class TopologyEnvironment:
         Raises:
             EpisodeError: no episode, or the episode is over.
         """
-        item = self.pending(grid)
-        return self.complete(grid, self.scorer([item])[0])
+        record = self.pending(grid)
+        return self.complete(grid, self.scorer([record])[0])
 
     @property
     def state(self) -> dict:

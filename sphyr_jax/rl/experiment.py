@@ -23,22 +23,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import json
 import os
 import pathlib
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from sphyr_jax.errors import UserInputError
 from sphyr_jax.io import atomic_write_json, atomic_write_text
 from sphyr_jax.rl.environment import Episode
 from sphyr_jax.rl.feedback import verdict
-from sphyr_jax.rl.reward import completion_text, score_completions
 from sphyr_jax.rl.samples import Sample
 from sphyr_jax.runtime import enable_x64
+from sphyr_jax.scoring.records import completion_text, score_records
 from sphyr_jax.topopt.optimum import OptimumCache
 
-MODES = ("feedback", "resample")
+Mode = Literal["feedback", "resample"]
+MODES: tuple[Mode, ...] = ("feedback", "resample")
 Backend = Callable[[str], object]  # prompt -> answer text (or an awaitable of it)
 
 
@@ -129,8 +132,9 @@ def _write(directory: pathlib.Path, stem: str, result: ExperimentResult) -> None
 async def arun_feedback_experiment(
     backend: Backend,
     samples: Sequence[Sample],
+    *,
     rounds: int = 3,
-    mode: str = "feedback",
+    mode: Mode = "feedback",
     output_dir: str | os.PathLike | None = None,
     stem: str | None = None,
     cache: OptimumCache | None = None,
@@ -144,8 +148,8 @@ async def arun_feedback_experiment(
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise ValueError(f"rounds must be a non-negative integer, got {rounds!r}")
     if scorer is None:
-        cache = cache if cache is not None else OptimumCache()
-        scorer = lambda items: score_completions(items, cache)  # noqa: E731
+        scorer = functools.partial(
+            score_records, cache=cache if cache is not None else OptimumCache())
     samples = list(samples)
     if stem is None:
         subjects = {s.subject for s in samples}
@@ -161,7 +165,7 @@ async def arun_feedback_experiment(
             episodes = [Episode(s) for s in samples]  # a fresh, independent attempt
         prompts = [e.prompt for e in episodes]
         answers = await _ask(backend, prompts, max_concurrency)
-        metrics = scorer([e.item(a) for e, (a, _) in zip(episodes, answers, strict=True)])
+        metrics = scorer([e.answer_record(a) for e, (a, _) in zip(episodes, answers, strict=True)])
         for e, t, prompt, (answer, error), m in zip(episodes, trajectories, prompts, answers,
                                                      metrics, strict=True):
             obs = e.record(answer, m)
@@ -185,8 +189,9 @@ async def arun_feedback_experiment(
 def run_feedback_experiment(
     backend: Backend,
     samples: Sequence[Sample],
+    *,
     rounds: int = 3,
-    mode: str = "feedback",
+    mode: Mode = "feedback",
     output_dir: str | os.PathLike | None = None,
     stem: str | None = None,
     cache: OptimumCache | None = None,
@@ -210,12 +215,13 @@ def run_feedback_experiment(
             (atomically, after every round); None: nothing is written.
         stem: file-name stem (default: the samples' subject).
         cache: optimum cache of the default scorer.
-        scorer: ``scorer(items) -> metrics dicts`` (default:
-            :func:`~sphyr_jax.rl.reward.score_completions` with ``cache``).
+        scorer: ``scorer(records) -> metrics dicts`` (default:
+            :func:`~sphyr_jax.scoring.records.score_records` with ``cache``).
         max_concurrency: backend calls in flight at once (async backends).
 
     Returns:
         An :class:`ExperimentResult`.
     """
-    return asyncio.run(arun_feedback_experiment(backend, samples, rounds, mode, output_dir,
-                                                stem, cache, scorer, max_concurrency))
+    return asyncio.run(arun_feedback_experiment(
+        backend, samples, rounds=rounds, mode=mode, output_dir=output_dir, stem=stem,
+        cache=cache, scorer=scorer, max_concurrency=max_concurrency))

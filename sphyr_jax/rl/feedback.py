@@ -1,7 +1,7 @@
 """The simulation's verdict in plain words, and the prompt that asks for a revision.
 
 Both are pure functions of an answer's metrics (as
-:func:`sphyr_jax.rl.reward.score_completions` reports them).  The verdict says
+:func:`sphyr_jax.scoring.records.score_records` reports them).  The verdict says
 what the structure did under load — whether it carried the load, how stiff it
 was against the best design at the material budget, whether it spent more or
 less material than the budget, whether pieces of material float free — and

@@ -47,9 +47,8 @@ from sphyr_jax.rl.environment import (
     TaskConfig,
     TopologyEnvironment,
 )
-from sphyr_jax.rl.reward import score_completions
 from sphyr_jax.runtime import enable_x64
-from sphyr_jax.scoring.metrics import ScoreItem
+from sphyr_jax.scoring.records import score_records
 from sphyr_jax.topopt.optimum import OptimumCache
 
 DEFAULT_WINDOW_S = 0.002
@@ -116,18 +115,18 @@ class BatchingScorer:
         self.scored = 0  # completions scored
         self.largest = 0  # largest batch
 
-    def _score(self, items: list[ScoreItem]) -> list[dict]:
+    def _score(self, records: list[dict]) -> list[dict]:
         self.calls += 1
-        self.scored += len(items)
-        self.largest = max(self.largest, len(items))
-        return score_completions(items, self.cache, num_devices=self.num_devices)
+        self.scored += len(records)
+        self.largest = max(self.largest, len(records))
+        return score_records(records, cache=self.cache, num_devices=self.num_devices)
 
-    def score(self, items) -> list[dict]:
-        """Score some items now, on the scoring worker (blocking)."""
-        return self._worker.submit(self._score, list(items)).result()
+    def score(self, records) -> list[dict]:
+        """Score some answer records now, on the scoring worker (blocking)."""
+        return self._worker.submit(self._score, list(records)).result()
 
-    async def score_async(self, item: ScoreItem) -> dict:
-        """The metrics of one item, scored in a batch with whatever else is pending."""
+    async def score_async(self, item: dict) -> dict:
+        """The metrics of one answer record, scored in a batch with whatever else is pending."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # first use on this loop
             self._loop, self._queue = loop, asyncio.Queue()
@@ -357,10 +356,14 @@ class ServerThread:
     logging configuration is left as it is.  It stops on
     :meth:`stop`, on leaving a ``with`` block, or by itself after ``lifetime_s``.
 
-    Example::
-
-        with ServerThread(create_app(embedded("dataset"))) as server:
-            client = GenericEnvClient(base_url=server.url).sync()
+    Examples:
+        >>> from openenv.core import GenericEnvClient
+        >>> from sphyr_jax.data import embedded
+        >>> with ServerThread(create_app(embedded("dataset"))) as server:
+        ...     with GenericEnvClient(base_url=server.url).sync() as env:
+        ...         task = env.reset(subject="1_random_cell_easy")
+        >>> task.observation["subject"], task.done
+        ('1_random_cell_easy', False)
     """
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0,

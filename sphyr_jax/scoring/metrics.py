@@ -10,20 +10,24 @@ implementation; see :class:`StructuralMetrics`.
 :func:`score_batch` scores many completions at once: analyses are batched per
 grid shape; each distinct sample (answer, mask, direction) is read, its answer
 analysed and its optimum looked up once per call however many completions
-share it, identical designs of a sample are analysed once, and missing optima
+share it, a completion repeated for the same sample (common in a GRPO group)
+is read and scored once, identical designs of a sample are analysed once, and
+missing optima
 are computed in one batch (or read from an
-:class:`~sphyr_jax.topopt.optimum.OptimumCache`).
+:class:`~sphyr_jax.topopt.optimum.OptimumCache`, or from the optimum a
+record stores with its key, :attr:`ScoreItem.optimum`).  The cost of a call
+is bounded by its distinct samples (one answer analysis and at most one
+optimisation each) and its distinct designs (one finite-element solve each).
 
 The yardstick (``optimum=``): ``"reference"`` (default) reproduces the
-published figures; ``"strong"`` searches harder and is stricter (on the 100
-stored GPT-4o ``full_easy`` records its optimum's compliance is 2.4% lower on
-average, up to 26% lower, and the mean topology score drops from 0.2393 to 0.2362).
+published figures; ``"strong"`` searches harder and is stricter (its optima
+are never less stiff, so its scores are never higher; by how much is measured
+in ``benchmarks/yardstick.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Sequence
 
@@ -33,13 +37,16 @@ import numpy as np
 from sphyr_jax.fem import fea
 from sphyr_jax.fem.solvers import result_name
 from sphyr_jax.problem.grids import (
+    GridReport,
     InvalidProblemError,
     densities_from_grid,
     extract_grid,
     grid_ndim,
+    plain_grid,
 )
 from sphyr_jax.problem.loadcase import (
     DEFAULT_GRAVITY,
+    DEFAULT_GRAVITY_3D,
     LoadCase,
     load_case_from_grid,
     stack_load_cases,
@@ -48,7 +55,8 @@ from sphyr_jax.problem.loadcase import (
 from sphyr_jax.progress import renamed
 from sphyr_jax.scoring.static import StaticMetrics, static_metrics_batch
 from sphyr_jax.sharding import batch_call, bucket_size, device_count
-from sphyr_jax.topopt.optimum import OptimumCache, cache_for
+from sphyr_jax.topopt.optimum import OptimumCache, cache_for, stored_optimum
+from sphyr_jax.topopt.options import Yardstick
 
 STRUCTURAL_METRIC_KEYS = (
     "topology_score",
@@ -95,11 +103,16 @@ class StructuralMetrics:
 
     def as_dict(self) -> dict:
         """JSON-ready fields; non-finite numbers become None."""
-        out = dataclasses.asdict(self)
+        out = _field_values(self)
         for key, value in out.items():
             if isinstance(value, float) and not math.isfinite(value):
                 out[key] = None
         return out
+
+
+def _field_values(metrics) -> dict:
+    """A metrics dataclass's fields in order (a shallow copy: the values are scalars)."""
+    return {name: getattr(metrics, name) for name in metrics.__dataclass_fields__}
 
 
 @dataclasses.dataclass
@@ -114,12 +127,18 @@ class ScoreItem:
         gravity_dir: load direction as a (row, col) step, or a (layer, row,
             col) step for voxel samples (the 2D default means down there too);
             None means the default direction (down).
+        optimum: the sample's stored optimum, a record's ``optimum`` field
+            (:func:`~sphyr_jax.topopt.optimum.stored_optimum`), or None.  It
+            is used only when its key is the sample's key under the scorer's
+            yardstick (then nothing is optimised for the sample); a stale one
+            (an edited answer, another yardstick or recipe) is ignored.
     """
 
     completion: object
     ground_truth: object
     input_grid: object = None
-    gravity_dir: tuple = DEFAULT_GRAVITY
+    gravity_dir: tuple | None = DEFAULT_GRAVITY
+    optimum: dict | None = None
 
 
 METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(StructuralMetrics))
@@ -147,7 +166,7 @@ def _analyze_fn(load_case, densities, solid=None):
     return fea.analyze(load_case, densities, solid_compliance=solid)
 
 
-def analyze_batch(load_case: LoadCase, densities, num_devices: int | None = None,
+def analyze_batch(load_case: LoadCase, densities, *, num_devices: int | None = None,
                   solid_compliance=None):
     """:func:`sphyr_jax.fem.fea.analyze` of a batch, split over devices (NumPy out).
 
@@ -203,7 +222,7 @@ def _analyze_group(stacked: LoadCase, answers, designs, num_devices):
     # The solid compliance is not known yet: +inf stands in, and load_carrying
     # is recomputed below from the solid rows.
     res = analyze_batch(jax.tree.map(lambda a: np.asarray(a)[owners], stacked), np.stack(grids),
-                        num_devices, solid_compliance=np.full(len(grids), np.inf))
+                        num_devices=num_devices, solid_compliance=np.full(len(grids), np.inf))
     solid = res.compliance[of_solid][owners]
     res = dataclasses.replace(res, solid_compliance=solid,
                               load_carrying=fea.load_carrying(res.compliance, solid))
@@ -211,7 +230,7 @@ def _analyze_group(stacked: LoadCase, answers, designs, num_devices):
             jax.tree.map(lambda a: a[of_designs], res))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Sample:
     """What scoring needs of one sample (shared by all its completions)."""
 
@@ -220,17 +239,54 @@ class _Sample:
     ndim: int
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Prepared:
+    """One completion ready to analyse: its sample's place and its densities."""
+
     sample: int  # position of the item's sample in the call's distinct samples
     out_rho: np.ndarray
-    report: object
+    report: GridReport
+
+
+@dataclasses.dataclass(frozen=True)
+class _Problem:
+    """How a call reads one (answer, input, direction): shared by every item that has it.
+
+    Attributes:
+        sample: position in the call's distinct samples, or why it cannot be scored.
+        ndim: the answer's dimension.
+        direction: the direction the static metrics read (the physics' one).
+    """
+
+    sample: int | str
+    ndim: int
+    direction: object
+
+
+@dataclasses.dataclass
+class _Reading:
+    """The items of one call, read.
+
+    Attributes:
+        samples: the call's distinct samples.
+        problems: per item, its sample's reading.
+        prepared: per item, its completion's arrays or why it cannot be scored.
+        first: per item, the first item with the same sample and completion
+            (itself for the first): only those are scored, the rest copied.
+        stored: per sample, the first stored optimum its items carry (or None).
+    """
+
+    samples: list[_Sample]
+    problems: list[_Problem]
+    prepared: list[_Prepared | str]
+    first: list[int]
+    stored: list
 
 
 def _frozen(value):
     """A hashable stand-in for a grid or direction given as text, tokens or numbers."""
     if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
+        return tuple(v if type(v) is str else _frozen(v) for v in value)
     if isinstance(value, np.ndarray):
         return (value.dtype.str, value.shape, value.tobytes())
     hash(value)  # TypeError for anything else unhashable
@@ -252,17 +308,26 @@ of scored: 128x128 in 2D, about 25^3 in 3D.  The published sets are 10x10,
 20x20 and 10x10x10; pass ``max_cells`` to raise it knowingly."""
 
 
-def _answer_ndim(ground_truth) -> int:
-    """3 for a voxel answer (token layers, or text with blank-line-separated layers), else 2."""
-    if isinstance(ground_truth, str):
-        return _text_ndim(ground_truth)
-    return grid_ndim(ground_truth)
-
-
-@functools.lru_cache(maxsize=4096)
-def _text_ndim(ground_truth: str) -> int:
+def _answer(ground_truth):
+    """(the answer as read, its dimension): clean text becomes token rows (read fast,
+    the same rows as the general reader's), voxel text (layers separated by blank
+    lines) stays text with dimension 3."""
+    if not isinstance(ground_truth, str):
+        return ground_truth, grid_ndim(ground_truth)
+    rows = plain_grid(ground_truth)
+    if rows is not None:
+        return rows, 2
     layers = extract_grid(ground_truth, ndim=3)
-    return 3 if layers is not None and len(layers) > 1 else 2
+    return ground_truth, 3 if layers is not None and len(layers) > 1 else 2
+
+
+def _plain_input(input_grid):
+    """A clean text input as token rows (read fast); anything else as it is."""
+    if isinstance(input_grid, str):
+        rows = plain_grid(input_grid)
+        if rows is not None:
+            return rows
+    return input_grid
 
 
 def _gravity_for(gravity_dir, ndim: int):
@@ -288,51 +353,47 @@ def _gravity_for(gravity_dir, ndim: int):
     return tuple(float(v) for v in g)
 
 
-def _sample_of(item: ScoreItem, max_cells: int | None) -> _Sample | str:
-    """The item's sample, or the reason it cannot be scored."""
-    ndim = _answer_ndim(item.ground_truth)
-    gravity = _gravity_for(item.gravity_dir, ndim)
+def _static_direction(gravity_dir, gravity, ndim: int):
+    """The direction the static metrics read: the physics' (down for none, in the
+    answer's dimension), or the unusable one as given (the record is invalid there too)."""
     if isinstance(gravity, str):
-        return gravity
+        return gravity_dir
+    if gravity is None:
+        return DEFAULT_GRAVITY_3D if ndim == 3 else None
+    return gravity
+
+
+def _read_problem(item: ScoreItem, max_cells: int | None, samples: list) -> _Problem:
+    """Read an item's answer, input and direction; a usable sample joins ``samples``."""
+    answer, ndim = _answer(item.ground_truth)
+    gravity = _gravity_for(item.gravity_dir, ndim)
+    direction = _static_direction(item.gravity_dir, gravity, ndim)
+    if isinstance(gravity, str):
+        return _Problem(gravity, ndim, direction)
     try:
-        case = load_case_from_grid(item.ground_truth, item.input_grid, gravity, ndim=ndim)
+        case = load_case_from_grid(answer, _plain_input(item.input_grid), gravity, ndim=ndim)
     except (InvalidProblemError, TypeError, IndexError, ValueError) as exc:
-        return f"ground truth unusable: {exc}"
+        return _Problem(f"ground truth unusable: {exc}", ndim, direction)
     cells = int(np.prod(case.shape))
     if max_cells is not None and cells > max_cells:
-        return f"too large: {cells} cells > max_cells={max_cells}"
+        return _Problem(f"too large: {cells} cells > max_cells={max_cells}", ndim, direction)
     structural = np.asarray(case.load_mask | case.support_mask)
     gt_rho = np.asarray(case.pinned).copy()
     gt_rho[structural] = 1.0
-    return _Sample(case=case, gt_rho=gt_rho, ndim=ndim)
+    samples.append(_Sample(case=case, gt_rho=gt_rho, ndim=ndim))
+    return _Problem(len(samples) - 1, ndim, direction)
 
 
-def _prepare(item: ScoreItem, max_cells: int | None, samples: list,
-             positions: dict) -> _Prepared | str:
-    """The item's arrays, or the reason it cannot be scored.
-
-    Its sample is read once per call: ``positions`` maps a sample's
-    (answer, input, direction) to its place in ``samples`` (or to the reason
-    it cannot be scored).
-    """
-    try:
-        key = (_frozen(item.ground_truth), _frozen(item.input_grid), _frozen(item.gravity_dir))
-    except (TypeError, ValueError):
-        key = None  # unhashable inputs: read this sample on its own
-    position = positions.get(key) if key is not None else None
-    if position is None:
-        sample = _sample_of(item, max_cells)
-        if isinstance(sample, str):
-            position = sample
-        else:
-            position = len(samples)
-            samples.append(sample)
-        if key is not None:
-            positions[key] = position
-    if isinstance(position, str):
-        return position
-    sample = samples[position]
-    grid = extract_grid(item.completion, ndim=sample.ndim)
+def _prepare(item: ScoreItem, problem: _Problem, samples: list) -> _Prepared | str:
+    """The completion's densities, or the reason it cannot be scored."""
+    if isinstance(problem.sample, str):
+        return problem.sample
+    sample = samples[problem.sample]
+    grid = None
+    if sample.ndim == 2 and isinstance(item.completion, str):
+        grid = plain_grid(item.completion)  # a clean grid, read fast (the same rows)
+    if grid is None:
+        grid = extract_grid(item.completion, ndim=sample.ndim)
     if grid is None:
         return "no grid found in the completion"
     shape = sample.case.shape
@@ -340,23 +401,143 @@ def _prepare(item: ScoreItem, max_cells: int | None, samples: list,
         return f"completion does not have the answer's shape {'x'.join(map(str, shape))}"
     out_rho, report = densities_from_grid(grid, ndim=sample.ndim)
     out_rho[np.asarray(sample.case.load_mask | sample.case.support_mask)] = 1.0
-    return _Prepared(sample=position, out_rho=out_rho, report=report)
+    return _Prepared(sample=problem.sample, out_rho=out_rho, report=report)
+
+
+def _read_problems(items: Sequence[ScoreItem], max_cells: int | None,
+                   samples: list) -> list[_Problem]:
+    """Every item's problem; each distinct (answer, input, direction) read once per call."""
+    seen: dict = {}
+    problems = []
+    for item in items:
+        try:
+            key = (_frozen(item.ground_truth), _frozen(item.input_grid),
+                   _frozen(item.gravity_dir))
+        except (TypeError, ValueError):
+            key = None  # unhashable inputs: read this sample on its own
+        problem = seen.get(key) if key is not None else None
+        if problem is None:
+            problem = _read_problem(item, max_cells, samples)
+            if key is not None:
+                seen[key] = problem
+        problems.append(problem)
+    return problems
+
+
+def _read_items(items: Sequence[ScoreItem], max_cells: int | None) -> _Reading:
+    """Every item read: its sample (shared) and its completion's densities (an item
+    repeating an earlier one's sample and completion shares its reading)."""
+    samples: list[_Sample] = []
+    problems = _read_problems(items, max_cells, samples)
+    stored: list = [None] * len(samples)
+    seen: dict = {}
+    first, prepared = [], []
+    for i, (item, problem) in enumerate(zip(items, problems, strict=True)):
+        k = problem.sample
+        if not isinstance(k, str) and stored[k] is None and item.optimum is not None:
+            stored[k] = item.optimum
+        try:
+            key = (id(problem), _frozen(item.completion))
+        except (TypeError, ValueError):
+            key = None  # an unhashable completion: read on its own
+        j = i if key is None else seen.setdefault(key, i)
+        first.append(j)
+        prepared.append(prepared[j] if j != i else _prepare(item, problem, samples))
+    return _Reading(samples, problems, prepared, first, stored)
+
+
+def _structural_fields(c: float, c_gt: float, c_opt: float, vf: float, vf_gt: float,
+                       carrying: bool, max_displacement: float, solver_result: str,
+                       report: GridReport, c_own: float | None) -> dict:
+    """Every :class:`StructuralMetrics` field of one analysed completion (a pure function).
+
+    Args:
+        c, c_gt, c_opt: compliance of the completion, the answer and the optimum.
+        vf, vf_gt: volume fraction of the completion and the answer.
+        carrying: whether the completion carries the load.
+        max_displacement: its largest nodal displacement.
+        solver_result: how its solve ended.
+        report: its unfilled and unparsable cells.
+        c_own: the optimum's compliance at the completion's own budget (None: not asked).
+    """
+    fields = {
+        "physically_valid": True, "load_carrying": carrying, "compliance": c,
+        "ground_truth_compliance": c_gt, "optimal_compliance": c_opt,
+        "own_budget_optimal_compliance": c_own, "volume_fraction": vf,
+        "ground_truth_volume_fraction": vf_gt, "volume_ratio": vf / vf_gt if vf_gt > 0 else 0.0,
+        "max_displacement": max_displacement, "unfilled_cells": int(report.unfilled_cells),
+        "unparsable_cells": int(report.unparsable_cells), "solver_result": solver_result,
+    }
+    if carrying:
+        structural = _clipped(c_opt, c)
+        material = min(1.0, vf_gt / vf) if vf > 0 else 0.0
+        fields.update(
+            structural_efficiency=structural,
+            compliance_efficiency_vs_ground_truth=_clipped(c_gt, c),
+            structural_efficiency_raw=c_opt / c if math.isfinite(c_opt) and c > 0 else 0.0,
+            design_efficiency=None if c_own is None else _clipped(c_own, c),
+            material_efficiency=material,
+            topology_score=structural * material)
+    return fields
+
+
+def _group_fields(idx: list[int], reading: _Reading, cache: OptimumCache, own_budget: bool,
+                  num_devices, progress) -> list[dict]:
+    """The structural fields of one shape group's items (analyses and optima batched).
+
+    Each distinct sample's answer is analysed, and its optimum looked up, once
+    however many completions share it (the first stored optimum its items
+    carry is offered to the cache, which uses it if its key matches).
+    """
+    prepared = [reading.prepared[i] for i in idx]
+    local: dict[int, int] = {}
+    for p in prepared:
+        local.setdefault(p.sample, len(local))
+    distinct = [reading.samples[s] for s in local]
+    stored = [reading.stored[s] for s in local]
+    owner = np.array([local[p.sample] for p in prepared])
+    cases = [s.case for s in distinct]
+    seeds = [s.gt_rho for s in distinct]
+    if progress is not None:
+        progress("analysis", 0, len(idx))
+    gt, out = _analyze_group(stack_load_cases(cases), seeds,
+                             [(local[p.sample], p.out_rho) for p in prepared], num_devices)
+    if progress is not None:
+        progress("analysis", len(idx), len(idx))
+    optima = cache.get_many(cases, seeds, progress=progress, stored=stored)
+    own = [None] * len(idx)
+    if own_budget:
+        own_cases = [with_budget(cases[k], v)
+                     for k, v in zip(owner, out.volume_fraction, strict=True)]
+        own = cache.get_many(own_cases, [seeds[k] for k in owner],
+                             progress=renamed(progress, "optima", "own-budget optima")
+                             ).compliance.tolist()
+    return [
+        _structural_fields(c, c_gt, c_opt, vf, vf_gt, carrying, disp, result_name(code),
+                           p.report, c_own)
+        for p, c, c_gt, c_opt, vf, vf_gt, carrying, disp, code, c_own in zip(
+            prepared, out.compliance.tolist(), gt.compliance[owner].tolist(),
+            np.asarray(optima.compliance)[owner].tolist(), out.volume_fraction.tolist(),
+            gt.volume_fraction[owner].tolist(), out.load_carrying.tolist(),
+            out.max_displacement.tolist(), out.result, own, strict=True)]
 
 
 def score_batch(
     items: Sequence[ScoreItem],
+    *,
     cache: OptimumCache | None = None,
     include_own_budget_reference: bool = False,
     num_devices: int | None = None,
     progress=None,
-    optimum: str | None = None,
+    optimum: Yardstick | None = None,
     max_cells: int | None = DEFAULT_MAX_CELLS,
     static: bool = False,
 ) -> list[StructuralMetrics]:
     """Score many completions; never raises for a bad completion.
 
     Args:
-        items: completions with their ground truths, inputs and gravity.
+        items: completions with their ground truths, inputs, gravity and
+            (optionally) stored optima.
         cache: optimum cache (default: a fresh in-memory one for ``optimum``);
             optima are computed once per distinct sample and budget.
         include_own_budget_reference: also optimise at each completion's own
@@ -382,90 +563,40 @@ def score_batch(
     """
     fea.require_x64()
     cache = cache_for(cache, optimum, num_devices)
-    samples: list[_Sample] = []
-    positions: dict = {}
-    prepared = [_prepare(item, max_cells, samples, positions) for item in items]
-    if static:
-        results = [CompletionMetrics(**s.as_dict()) for s in static_of(items)]
-    else:
-        results = [StructuralMetrics() for _ in items]
+    reading = _read_items(items, max_cells)
+    unique = [i for i, j in enumerate(reading.first) if i == j]
+    fields: dict[int, dict] = {}
     by_shape: dict[tuple, list[int]] = {}
-    for i, p in enumerate(prepared):
+    for i in unique:
+        p = reading.prepared[i]
         if isinstance(p, str):
-            results[i].invalid_reason = p
+            fields[i] = {"invalid_reason": p}
         else:
-            by_shape.setdefault(samples[p.sample].case.shape, []).append(i)
-
+            by_shape.setdefault(reading.samples[p.sample].case.shape, []).append(i)
     for idx in by_shape.values():
-        # The group's distinct samples: each answer is analysed, and each
-        # optimum looked up, once however many completions share the sample.
-        local: dict[int, int] = {}
-        for i in idx:
-            local.setdefault(prepared[i].sample, len(local))
-        distinct = [samples[s] for s in local]
-        owner = np.array([local[prepared[i].sample] for i in idx])
-        cases = [s.case for s in distinct]
-        stacked = stack_load_cases(cases)
-        if progress is not None:
-            progress("analysis", 0, len(idx))
-        gt_distinct, out = _analyze_group(
-            stacked, [s.gt_rho for s in distinct],
-            [(local[prepared[i].sample], prepared[i].out_rho) for i in idx], num_devices)
-        gt = jax.tree.map(lambda a, owner=owner: a[owner], gt_distinct)
-        if progress is not None:
-            progress("analysis", len(idx), len(idx))
-        optima = cache.get_many(cases, [s.gt_rho for s in distinct], progress=progress)
-        optima = jax.tree.map(lambda a, owner=owner: np.asarray(a)[owner], optima)
-        own = None
-        if include_own_budget_reference:
-            own_cases = [with_budget(cases[k], v)
-                         for k, v in zip(owner, out.volume_fraction, strict=True)]
-            own = cache.get_many(own_cases, [distinct[k].gt_rho for k in owner],
-                                 progress=renamed(progress, "optima", "own-budget optima"))
-        for j, i in enumerate(idx):
-            m = results[i]
-            p = prepared[i]
-            m.physically_valid = True
-            m.unfilled_cells = int(p.report.unfilled_cells)
-            m.unparsable_cells = int(p.report.unparsable_cells)
-            c = float(out.compliance[j])
-            c_gt = float(gt.compliance[j])
-            c_opt = float(optima.compliance[j])
-            vf = float(out.volume_fraction[j])
-            vf_gt = float(gt.volume_fraction[j])
-            m.compliance = c
-            m.ground_truth_compliance = c_gt
-            m.optimal_compliance = c_opt
-            m.load_carrying = bool(out.load_carrying[j])
-            m.max_displacement = float(out.max_displacement[j])
-            m.solver_result = result_name(out.result[j])
-            m.volume_fraction = vf
-            m.ground_truth_volume_fraction = vf_gt
-            m.volume_ratio = vf / vf_gt if vf_gt > 0 else 0.0
-            if own is not None:
-                m.own_budget_optimal_compliance = float(own.compliance[j])
-            if not m.load_carrying:
-                continue
-            m.structural_efficiency = _clipped(c_opt, c)
-            m.compliance_efficiency_vs_ground_truth = _clipped(c_gt, c)
-            if math.isfinite(c_opt) and c > 0:
-                m.structural_efficiency_raw = c_opt / c
-            if own is not None:
-                m.design_efficiency = _clipped(m.own_budget_optimal_compliance, c)
-            m.material_efficiency = min(1.0, vf_gt / vf) if vf > 0 else 0.0
-            m.topology_score = m.structural_efficiency * m.material_efficiency
-    return results
+        fields.update(zip(idx, _group_fields(idx, reading, cache, include_own_budget_reference,
+                                             num_devices, progress), strict=True))
+    if static:
+        statics = _static_of([items[i] for i in unique], [reading.problems[i] for i in unique])
+        scored = {i: CompletionMetrics(**_field_values(s), **fields[i])
+                  for i, s in zip(unique, statics, strict=True)}
+    else:
+        scored = {i: StructuralMetrics(**fields[i]) for i in unique}
+    return [scored[i] if i == j else dataclasses.replace(scored[j])
+            for i, j in enumerate(reading.first)]
+
+
+def _static_of(items: Sequence[ScoreItem], problems: Sequence[_Problem]) -> list[StaticMetrics]:
+    return static_metrics_batch([item.completion for item in items],
+                                [item.ground_truth for item in items],
+                                [item.input_grid for item in items],
+                                [p.direction for p in problems])
 
 
 def static_of(items: Sequence[ScoreItem]) -> list[StaticMetrics]:
-    """The static metrics of score items (their input grid and load direction)."""
-    gravities = []
-    for item in items:  # the physics' direction; an unusable one makes the record invalid
-        gravity = _gravity_for(item.gravity_dir, _answer_ndim(item.ground_truth))
-        gravities.append(item.gravity_dir if isinstance(gravity, str) else gravity)
-    return static_metrics_batch([item.input_grid for item in items],
-                                [item.completion for item in items],
-                                [item.ground_truth for item in items], gravities)
+    """The static metrics of score items, read with the physics' input grid and
+    load direction (a voxel answer's missing direction is down in 3D)."""
+    return _static_of(items, _read_problems(items, None, []))
 
 
 def get_structural_metrics(
@@ -473,9 +604,10 @@ def get_structural_metrics(
     gt_grid,
     input_grid=None,
     gravity_dir=DEFAULT_GRAVITY,
+    *,
     include_own_budget_reference: bool = False,
     cache: OptimumCache | None = None,
-    optimum: str | None = None,
+    optimum: Yardstick | None = None,
     static: bool = False,
 ) -> StructuralMetrics:
     """Score one completion (see :func:`score_batch`).
@@ -497,5 +629,42 @@ def get_structural_metrics(
         unusable ground truth, gets the defaults.
     """
     item = ScoreItem(output_grid, gt_grid, input_grid, gravity_dir)
-    return score_batch([item], cache, include_own_budget_reference, optimum=optimum,
-                       static=static)[0]
+    return score_batch([item], cache=cache,
+                       include_own_budget_reference=include_own_budget_reference,
+                       optimum=optimum, static=static)[0]
+
+
+def stored_optima(items: Sequence[ScoreItem], *, cache: OptimumCache | None = None,
+                  optimum: Yardstick | None = None,
+                  max_cells: int | None = DEFAULT_MAX_CELLS) -> list[dict | None]:
+    """The ``optimum`` field each item's record may carry (its sample's optimum and key).
+
+    Optima are looked up in (or computed into) ``cache``, once per distinct
+    sample; a record carrying the field is later scored without optimising
+    (:attr:`ScoreItem.optimum`).  Completions are not read.
+
+    Args:
+        items: the samples (answers, inputs, directions; completions ignored).
+        cache: optimum cache (default: a fresh in-memory one for ``optimum``).
+        optimum: the yardstick (None: the cache's, else ``"reference"``).
+        max_cells: samples with more cells get None (see :func:`score_batch`).
+
+    Returns:
+        One field per item (:func:`~sphyr_jax.topopt.optimum.stored_optimum`),
+        None for an item whose sample cannot be scored.
+    """
+    cache = cache_for(cache, optimum)
+    samples: list[_Sample] = []
+    problems = _read_problems(items, max_cells, samples)
+    by_shape: dict[tuple, list[int]] = {}
+    for k, sample in enumerate(samples):
+        by_shape.setdefault(sample.case.shape, []).append(k)
+    fields: list[dict | None] = [None] * len(samples)
+    for ks in by_shape.values():
+        cases = [samples[k].case for k in ks]
+        seeds = [samples[k].gt_rho for k in ks]
+        found = cache.get_many(cases, seeds)
+        for j, k in enumerate(ks):
+            fields[k] = stored_optimum(cases[j], seeds[j], jax.tree.map(lambda a, j=j: a[j], found),
+                                       cache.options)
+    return [None if isinstance(p.sample, str) else fields[p.sample] for p in problems]

@@ -9,8 +9,9 @@ records) for every key of :data:`AGGREGATE_KEYS` and ``evaluated_samples``;
 other fields of an existing aggregated file (an older tree's totals) are kept.
 All records of all files are scored together (in bounded chunks), so the
 reference optimum of a sample is computed once however many models completed
-it.  :func:`score_records` is the scoring step on its own, for callers that
-hold records rather than files (the evaluation harness).
+it.  Records are read and scored by :func:`sphyr_jax.scoring.records.score_records`
+(the scoring step every layer shares; importable from here too), with the
+direction a folder's name gives for records without ``gravity_dir``.
 
 Nothing is lost: files are replaced atomically, a file that is not valid JSON
 (or not a list of records) is reported by name and left byte-for-byte
@@ -32,22 +33,18 @@ import time
 from collections import defaultdict
 
 from sphyr_jax.io import CorruptFileError, atomic_write_files, read_json
-from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY, gravity_from_folder
-from sphyr_jax.scoring.metrics import (
-    ALL_METRIC_FIELDS,
-    STRUCTURAL_METRIC_KEYS,
-    ScoreItem,
-    score_batch,
-)
+from sphyr_jax.problem.loadcase import gravity_from_folder
+from sphyr_jax.scoring.metrics import STRUCTURAL_METRIC_KEYS
+from sphyr_jax.scoring.records import RECORD_METRIC_KEYS as RECORD_METRIC_KEYS
+from sphyr_jax.scoring.records import score_records
 from sphyr_jax.scoring.static import STATIC_METRIC_KEYS
 from sphyr_jax.sharding import device_count
 from sphyr_jax.topopt.optimum import OptimumCache, cache_for
+from sphyr_jax.topopt.options import Yardstick
 
 RESULTS_SUFFIX = "_results.json"
 AGGREGATED_SUFFIX = "_aggregated_results.json"
 DEFAULT_CHUNK = 4096  # records scored per batch (bounds memory)
-RECORD_METRIC_KEYS = ALL_METRIC_FIELDS
-"""Every field scoring adds to a record: the static metrics, then the structural ones."""
 AGGREGATE_KEYS = STATIC_METRIC_KEYS + STRUCTURAL_METRIC_KEYS
 """Metrics summed into ``total_<metric>`` of the aggregated files (and reported)."""
 LEADERBOARD_KEYS = (
@@ -160,13 +157,22 @@ def find_result_files(results_root, skipped: list | None = None) -> list[ResultF
     return found
 
 
-def _read_records(path: pathlib.Path) -> list[dict]:
+def read_results(path) -> list[dict]:
+    """The records of a results file (a JSON list of objects).
+
+    Raises:
+        FileNotFoundError: no such file.
+        CorruptFileError: it cannot be read, is not valid JSON, or is not a
+            list of records; the message starts with the path, and the file
+            is left as it is.
+    """
     try:
         records = read_json(path)
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise CorruptFileError(f"cannot be read ({exc.__class__.__name__})", path) from exc
+        raise CorruptFileError(f"{path}: cannot be read ({exc.__class__.__name__})",
+                               path) from exc
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        raise CorruptFileError("expected a JSON list of records (objects)", path)
+        raise CorruptFileError(f"{path}: expected a JSON list of records (objects)", path)
     return records
 
 
@@ -185,67 +191,13 @@ def _writable(path: pathlib.Path) -> bool:
 _RECORD_FIELD_REASONS = ("gravity_dir", "ground truth", "too large")
 
 
-def _item(record: dict, gravity) -> ScoreItem:
-    if not isinstance(record, dict):
-        return ScoreItem(None, None, None, DEFAULT_GRAVITY)
-    prompt = record.get("prompt")
-    input_grid = prompt if prompt is not None else record.get("input_grid")
-    if record.get("gravity_dir") is not None:
-        gravity = record["gravity_dir"]  # checked by the scorer, never reinterpreted
-    return ScoreItem(record.get("completion"), record.get("ground_truth"), input_grid, gravity)
-
-
-def score_records(
-    records: list[dict],
-    gravity=DEFAULT_GRAVITY,
-    cache: OptimumCache | None = None,
-    *,
-    design_efficiency: bool = False,
-    num_devices: int | None = None,
-    progress=None,
-    optimum: str | None = None,
-) -> list[dict]:
-    """Every published metric of result records, as JSON-ready field dicts.
-
-    Each record is a results-file record: ``completion`` (raw model text),
-    ``ground_truth`` and ``prompt`` (or ``input_grid``) holding the masked
-    input grid, and optionally ``gravity_dir``.  The physics and the static
-    metrics read the same input grid and the same load direction: the
-    record's ``gravity_dir``, else ``gravity``.  A bad record gets the
-    invalid scores; nothing raises for one.
-
-    Args:
-        records: the records (not modified).
-        gravity: load direction of records without ``gravity_dir``, e.g.
-            :func:`sphyr_jax.problem.loadcase.gravity_from_folder` of their
-            folder.
-        cache: optimum cache (default: a fresh in-memory one).
-        design_efficiency: also optimise at each completion's own budget.
-        num_devices: devices batches are split over (None: all local).
-        progress: optional callable(stage, done, total).
-        optimum: the yardstick (see :func:`sphyr_jax.scoring.metrics.score_batch`).
-
-    Returns:
-        One dict per record, in order, with the keys of
-        :data:`RECORD_METRIC_KEYS` (non-finite numbers as None).
-    """
-    return _fields([_item(rec, gravity) for rec in records], cache, design_efficiency,
-                   num_devices, progress, optimum)
-
-
-def _fields(items, cache, design_efficiency, num_devices, progress, optimum=None) -> list[dict]:
-    scored = score_batch(items, cache, design_efficiency, num_devices, progress,
-                         optimum=optimum, static=True)
-    return [m.as_dict() for m in scored]
-
-
 def _means(records: list[dict], keys) -> dict:
     n = max(len(records), 1)
     return {key: sum(float(r.get(key) or 0.0) for r in records) / n for key in keys}
 
 
-def aggregate(records: list[dict], existing: dict | None = None,
-              optimum: str | None = None) -> dict:
+def aggregate(records: list[dict], existing: dict | None = None, *,
+              optimum: Yardstick | None = None) -> dict:
     """``total_<metric>`` sums and ``evaluated_samples``, merged into ``existing``;
     ``optimum`` (when given) names the yardstick behind the figures."""
     out = dict(existing or {})
@@ -307,7 +259,7 @@ def rescore_tree(
     progress=None,
     chunk: int = DEFAULT_CHUNK,
     log=None,
-    optimum: str | None = None,
+    optimum: Yardstick | None = None,
 ) -> RescoreSummary:
     """Add every published metric (static and structural) to every results file under a root.
 
@@ -340,40 +292,10 @@ def rescore_tree(
         if log is not None:
             log(f"skipped (left untouched): {path}: {reason}")
 
-    loaded: list[tuple[ResultFile, list[dict]]] = []
-    found = find_result_files(results_root, skipped := [])
-    for path, reason in skipped:
-        skip(path, reason)
-    for rf in found:
-        try:
-            loaded.append((rf, _read_records(rf.path)))
-        except CorruptFileError as exc:
-            skip(rf.path, str(exc).replace(f"{rf.path}: ", ""))
-    for rf, _ in loaded:
-        previous = previous_optimum(rf)
-        if previous is not None and previous != cache.yardstick:
-            summary.switched.append((str(rf.path), previous))
-            if log is not None:
-                log(f"{rf.path}: its figures came from the {previous!r} yardstick; "
-                    f"rescoring with {cache.yardstick!r}")
-    flat = [(k, i, rec) for k, (rf, recs) in enumerate(loaded) for i, rec in enumerate(recs)]
-    items = [_item(rec, loaded[k][0].gravity_dir) for k, _, rec in flat]
-    step = max(1, chunk)
-    if progress is not None and items:
-        progress("records", 0, len(items))
-    for lo in range(0, len(items), step):
-        fields = _fields(items[lo: lo + step], cache, design_efficiency, num_devices, progress)
-        for (k, i, rec), metrics in zip(flat[lo: lo + step], fields, strict=True):
-            rec.update(metrics)
-            summary.invalid_records += not metrics["physically_valid"]
-            reason = metrics.get("invalid_reason") or ""
-            if reason.startswith(_RECORD_FIELD_REASONS):
-                summary.invalid.append((str(loaded[k][0].path), i, reason))
-                if log is not None:
-                    log(f"invalid record: {loaded[k][0].path} [{i}]: {reason}")
-        if progress is not None:
-            progress("records", min(lo + step, len(items)), len(items))
-
+    loaded = _load_tree(results_root, skip)
+    _note_switched(loaded, cache.yardstick, summary, log)
+    _score_tree(loaded, cache, summary, design_efficiency=design_efficiency,
+                num_devices=num_devices, progress=progress, chunk=chunk, log=log)
     for rf, records in loaded:
         row = {"model": rf.model, "subject": rf.subject, "records": len(records),
                **_means(records, LEADERBOARD_KEYS)}
@@ -390,6 +312,64 @@ def rescore_tree(
     summary.cache_hits = cache.hits - hits0
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _load_tree(results_root, skip) -> list[tuple[ResultFile, list[dict]]]:
+    """Every readable results file under the root with its records; ``skip(path,
+    reason)`` for the rest (links seen twice, unreadable or corrupt files)."""
+    found = find_result_files(results_root, skipped := [])
+    for path, reason in skipped:
+        skip(path, reason)
+    loaded = []
+    for rf in found:
+        try:
+            loaded.append((rf, read_results(rf.path)))
+        except CorruptFileError as exc:
+            skip(rf.path, str(exc).replace(f"{rf.path}: ", ""))
+    return loaded
+
+
+def _note_switched(loaded, yardstick: str, summary: RescoreSummary, log) -> None:
+    """Files whose figures came from another yardstick, listed in ``summary.switched``."""
+    for rf, _ in loaded:
+        previous = previous_optimum(rf)
+        if previous is not None and previous != yardstick:
+            summary.switched.append((str(rf.path), previous))
+            if log is not None:
+                log(f"{rf.path}: its figures came from the {previous!r} yardstick; "
+                    f"rescoring with {yardstick!r}")
+
+
+def _in_folder(record, rf: ResultFile):
+    """The record as scored: a record without ``gravity_dir`` takes its folder's direction."""
+    if isinstance(record, dict) and record.get("gravity_dir") is None:
+        return {**record, "gravity_dir": rf.gravity_dir}
+    return record
+
+
+def _score_tree(loaded, cache: OptimumCache, summary: RescoreSummary, *,
+                design_efficiency: bool, num_devices, progress, chunk: int, log) -> None:
+    """Score every record of every file (``chunk`` at a time, files mixed) in place;
+    invalid records are counted, and those whose own fields are unusable listed."""
+    flat = [(rf, i, rec) for rf, recs in loaded for i, rec in enumerate(recs)]
+    step = max(1, chunk)
+    if progress is not None and flat:
+        progress("records", 0, len(flat))
+    for lo in range(0, len(flat), step):
+        part = flat[lo: lo + step]
+        fields = score_records([_in_folder(rec, rf) for rf, _, rec in part], cache=cache,
+                               design_efficiency=design_efficiency, num_devices=num_devices,
+                               progress=progress)
+        for (rf, i, rec), metrics in zip(part, fields, strict=True):
+            rec.update(metrics)
+            summary.invalid_records += not metrics["physically_valid"]
+            reason = metrics.get("invalid_reason") or ""
+            if reason.startswith(_RECORD_FIELD_REASONS):
+                summary.invalid.append((str(rf.path), i, reason))
+                if log is not None:
+                    log(f"invalid record: {rf.path} [{i}]: {reason}")
+        if progress is not None:
+            progress("records", min(lo + step, len(flat)), len(flat))
 
 
 def _write_pair(rf: ResultFile, records: list[dict], optimum: str, skip) -> list[str]:
@@ -423,7 +403,7 @@ def _write_pair(rf: ResultFile, records: list[dict], optimum: str, skip) -> list
         texts = {
             target: json.dumps(records, indent=2, allow_nan=True, ensure_ascii=False) + "\n"}
         if problem is None:
-            texts[agg_target] = json.dumps(aggregate(records, existing, optimum), indent=2,
+            texts[agg_target] = json.dumps(aggregate(records, existing, optimum=optimum), indent=2,
                                            ensure_ascii=False) + "\n"
         atomic_write_files(texts)
     except (OSError, RuntimeError, ValueError, TypeError) as exc:

@@ -605,9 +605,9 @@ def _ndim_of(gravity, answer) -> int:
 
 
 def static_metrics_batch(
-    input_grids: Sequence,
     output_grids: Sequence,
     gt_grids: Sequence,
+    input_grids: Sequence | None = None,
     gravity_dirs: Sequence | None = None,
 ) -> list[StaticMetrics]:
     """The static metrics of many completions; never raises for a bad record.
@@ -615,13 +615,15 @@ def static_metrics_batch(
     Records of one grid shape are scored together; answers and inputs given
     as the same text are read once.  A record with an unusable answer or
     load direction, or an invalid output, gets the invalid scores (see the
-    module docstring).
+    module docstring).  The grids come in the order of
+    :func:`sphyr_jax.scoring.metrics.get_structural_metrics`: output, answer,
+    input.
 
     Args:
-        input_grids: the masked inputs (text, such as a prompt, or token
-            lists; None: no difficulty), one per record.
         output_grids: the completions (raw model text or token lists).
         gt_grids: the dataset answers (text or token lists).
+        input_grids: the masked inputs (text, such as a prompt, or token
+            lists; None: no difficulty), one per record; None: none at all.
         gravity_dirs: load directions, (row, col) or (layer, row, col) for
             voxel grids, one per record; None: down for every record.
 
@@ -629,8 +631,10 @@ def static_metrics_batch(
         One :class:`StaticMetrics` per record, in order.
     """
     count = len(gt_grids)
+    if input_grids is None:
+        input_grids = [None] * count
     if len(input_grids) != count or len(output_grids) != count:
-        raise ValueError("input_grids, output_grids and gt_grids must have one entry per record")
+        raise ValueError("output_grids, gt_grids and input_grids must have one entry per record")
     if gravity_dirs is None:
         gravity_dirs = [None] * count
     elif len(gravity_dirs) != count:
@@ -832,21 +836,22 @@ def _path_ratio(graph: _Graph, weights: np.ndarray, answer_cost: np.ndarray) -> 
     return np.where(out_cost > 0.0, np.clip(answer_cost / safe, 0.0, 1.0), 0.0)
 
 
-def static_metrics(input_grid, output_grid, gt_grid, gravity_dir=DEFAULT_GRAVITY) -> StaticMetrics:
+def static_metrics(output_grid, gt_grid, input_grid=None,
+                   gravity_dir=DEFAULT_GRAVITY) -> StaticMetrics:
     """The static metrics of one completion (see :func:`static_metrics_batch`).
 
     Args:
-        input_grid: the masked input (text such as the prompt, or token
-            lists); None: no difficulty score.
         output_grid: the completion (raw model text or token lists).
         gt_grid: the dataset answer.
+        input_grid: the masked input (text such as the prompt, or token
+            lists); None: no difficulty score.
         gravity_dir: the load direction, (row, col), or (layer, row, col) for
             a voxel grid.
 
     Returns:
         :class:`StaticMetrics`.
     """
-    return static_metrics_batch([input_grid], [output_grid], [gt_grid], [gravity_dir])[0]
+    return static_metrics_batch([output_grid], [gt_grid], [input_grid], [gravity_dir])[0]
 
 
 def force_path_cost(grid, gravity_dir=DEFAULT_GRAVITY) -> float:

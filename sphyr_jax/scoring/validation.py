@@ -26,6 +26,7 @@ from sphyr_jax.problem.loadcase import record_gravity
 from sphyr_jax.scoring.metrics import ScoreItem, score_batch
 from sphyr_jax.sharding import device_count
 from sphyr_jax.topopt.optimum import OptimumCache, cache_for
+from sphyr_jax.topopt.options import Yardstick
 
 PROBES = ("dataset answer", "2 cells flipped", "10 cells flipped", "filled solid",
           "left empty")
@@ -113,10 +114,10 @@ class ValidationReport:
                 f"cache_hits={self.cache_hits} devices={self.devices}")
 
 
-def validate_records(records, subject: str, hard: bool | None = None,
+def validate_records(records, subject: str, *, hard: bool | None = None,
                      cache: OptimumCache | None = None, num_devices: int | None = None,
                      design_efficiency: bool = False, progress=None,
-                     optimum: str | None = None) -> ValidationReport:
+                     optimum: Yardstick | None = None) -> ValidationReport:
     """Score the probes of every record (one batch) and summarise.
 
     Args:
@@ -143,7 +144,8 @@ def validate_records(records, subject: str, hard: bool | None = None,
             items.append(ScoreItem(probes[name], rec["ground_truth"], rec.get("input_grid"),
                                    gravity))
             owners.append(name)
-    scored = score_batch(items, cache, design_efficiency, num_devices, progress)
+    scored = score_batch(items, cache=cache, include_own_budget_reference=design_efficiency,
+                         num_devices=num_devices, progress=progress)
     rows, beaten = [], 0
     for name in PROBES:
         ms = [m for m, o in zip(scored, owners, strict=True) if o == name]

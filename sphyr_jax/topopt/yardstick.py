@@ -186,9 +186,12 @@ def multiplier_threshold(scaled, x, mask, dv, target, rest, move, *, max_steps: 
     after ``max_steps`` steps, return an estimate the caller's check rejects.
 
     Args:
-        scaled, x: (S, nel) $s_e$ and the current design.
-        mask: (S, nel) design cells; dv: (S, nel) volume weights.
-        target, rest: (S,) volume target and the volume off the design cells.
+        scaled: (S, nel) $s_e$.
+        x: (S, nel) the current design.
+        mask: (S, nel) design cells.
+        dv: (S, nel) volume weights.
+        target: (S,) volume target.
+        rest: (S,) the volume off the design cells.
         move: move limit $m$.
 
     Returns:

@@ -5,8 +5,9 @@ to densities for its masked (``V``) cells.  It never sees a dataset answer:
 every training problem is drawn at random (:mod:`~sphyr_jax.training.problems`)
 and the loss is physics — compliance through the differentiable FEA relative to
 the solid grid, plus a price on material (:mod:`~sphyr_jax.training.loop`).
-Completions are rounded to the subject's format and scored with
-:func:`sphyr_jax.scoring.metrics.score_batch` (:mod:`~sphyr_jax.training.evaluation`);
+Completions are rounded to the subject's format and scored like every record
+of the project (:func:`sphyr_jax.scoring.records.score_records`;
+:mod:`~sphyr_jax.training.evaluation`);
 :mod:`~sphyr_jax.training.leaderboard` scores one model on every subject and
 load direction beside the empty / solid baselines and stored completions.
 
@@ -31,12 +32,13 @@ from sphyr_jax.training.config import (
     train_config_from_dict,
 )
 from sphyr_jax.training.evaluation import (
+    complete_and_score,
     complete_grid,
     complete_grids,
     complete_records,
-    evaluate,
     fill_baseline,
-    score_completions,
+    mean_scores,
+    score_summary,
 )
 from sphyr_jax.training.experiment import evaluate_model, run_experiment
 from sphyr_jax.training.leaderboard import (
@@ -116,12 +118,12 @@ __all__ = [
     "add_turned_groups",
     "batch_loss",
     "build_problem",
+    "complete_and_score",
     "complete_grid",
     "complete_grids",
     "complete_records",
     "design_objective",
     "direction_name",
-    "evaluate",
     "evaluate_model",
     "fill_baseline",
     "force_vector",
@@ -139,6 +141,7 @@ __all__ = [
     "make_optimizer",
     "make_pool",
     "make_train_step",
+    "mean_scores",
     "model_config_from_dict",
     "needs_pool",
     "plot_leaderboard",
@@ -154,7 +157,7 @@ __all__ = [
     "sample_problems",
     "save_checkpoint",
     "schedule",
-    "score_completions",
+    "score_summary",
     "summary",
     "train",
     "train_config_from_dict",

@@ -63,7 +63,8 @@ class CheckpointBackend(Backend):
     def fill(self, query: Query) -> list:
         """The completed grid (token rows): one forward pass."""
         with self._lock:  # one forward pass at a time; each compiles once per grid shape
-            return complete_grid(self.model, query.grid(), query.hard, query.gravity_dir)
+            return complete_grid(self.model, query.grid(), hard=query.hard,
+                                 gravity_dir=query.gravity_dir)
 
     async def complete(self, query: Query) -> str:
         return grid_to_text(await asyncio.to_thread(self.fill, query))

@@ -1,10 +1,13 @@
 """Completing dataset inputs with a model, and scoring the completions physically.
 
 Completions keep every known token of the input and fill the ``V`` cells in
-the subject's format (``0``/``1`` at threshold 0.5, or one decimal); they are
-scored with :func:`sphyr_jax.scoring.metrics.score_batch` against the dataset answer
-(its boundary conditions, its volume fraction as the optimum's budget), with a
-record's ``gravity_dir`` when it has one.
+the subject's format (``0``/``1`` at threshold 0.5, or one decimal).  They are
+scored like every other record of the project
+(:func:`sphyr_jax.scoring.records.score_records`: the dataset answer's boundary
+conditions and volume fraction, the record's ``input_grid`` and
+``gravity_dir``), so a completion scored here carries the same fields and
+values as through a rescore, the evaluation harness or the RL reward;
+:func:`score_summary` adds the means of :data:`SUMMARY_KEYS`.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ import numpy as np
 
 from sphyr_jax.evaluation.baselines import fill_cells, fill_masked
 from sphyr_jax.problem.grids import as_grid, check_rectangular
-from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY
+from sphyr_jax.scoring.records import score_records
+from sphyr_jax.topopt.optimum import OptimumCache
+from sphyr_jax.topopt.options import Yardstick
 from sphyr_jax.training.model import predict
 from sphyr_jax.training.problems import grid_features
 
 SUMMARY_KEYS = ("topology_score", "load_carrying", "structural_efficiency",
                 "material_efficiency", "volume_fraction", "ground_truth_volume_fraction")
+"""The metrics :func:`score_summary` averages over records."""
 
 
 @eqx.filter_jit
@@ -44,7 +50,7 @@ def _gravity(record: dict):
     return None if g is None else tuple(g)
 
 
-def complete_grids(model, input_grids: Sequence, hard: bool, gravity_dirs=None) -> list:
+def complete_grids(model, input_grids: Sequence, *, hard: bool, gravity_dirs=None) -> list:
     """Fill the ``V`` cells of many input grids of one shape (one batched forward pass).
 
     Args:
@@ -68,51 +74,59 @@ def complete_grids(model, input_grids: Sequence, hard: bool, gravity_dirs=None) 
     return [fill_cells(grid, to_token(values)) for grid, values in zip(grids, rho, strict=True)]
 
 
-def complete_grid(model, input_grid, hard: bool, gravity_dir=None) -> list:
+def complete_grid(model, input_grid, *, hard: bool, gravity_dir=None) -> list:
     """The input grid with every ``V`` cell filled in the subject's format (token rows)."""
-    return complete_grids(model, [input_grid], hard, [gravity_dir])[0]
+    return complete_grids(model, [input_grid], hard=hard, gravity_dirs=[gravity_dir])[0]
 
 
-def complete_records(model, records: Sequence[dict], hard: bool) -> list:
+def complete_records(model, records: Sequence[dict], *, hard: bool) -> list:
     """Completions of records (grouped by grid shape for batched forward passes)."""
     by_shape: dict[tuple, list[int]] = {}
     for i, r in enumerate(records):
         by_shape.setdefault(check_rectangular(as_grid(r["input_grid"])), []).append(i)
     completions: list = [None] * len(records)
     for idx in by_shape.values():
-        done = complete_grids(model, [records[i]["input_grid"] for i in idx], hard,
-                              [_gravity(records[i]) for i in idx])
+        done = complete_grids(model, [records[i]["input_grid"] for i in idx], hard=hard,
+                              gravity_dirs=[_gravity(records[i]) for i in idx])
         for i, c in zip(idx, done, strict=True):
             completions[i] = c
     return completions
 
 
-def score_completions(records: Sequence[dict], completions: Sequence, cache=None,
-                      num_devices: int | None = None, optimum: str | None = None,
-                      progress=None) -> dict:
-    """Score completions of records with :func:`sphyr_jax.scoring.metrics.score_batch`.
+def mean_scores(per_record: Sequence[dict]) -> dict:
+    """Means of :data:`SUMMARY_KEYS` over scored records (0.0 for none)."""
+    return {k: float(np.mean([float(m[k]) for m in per_record])) if per_record else 0.0
+            for k in SUMMARY_KEYS}
 
-    The yardstick is ``optimum`` (``"reference"``: the published optimum, the
-    default; ``"strong"``: stricter), or the given cache's; ``progress`` is
-    score_batch's optional ``(stage, done, total)`` callback.
+
+def score_summary(records: Sequence[dict], completions: Sequence, *,
+                  cache: OptimumCache | None = None, num_devices: int | None = None,
+                  optimum: Yardstick | None = None, progress=None) -> dict:
+    """Score completions of dataset records and summarise them.
+
+    Args:
+        records: dataset records ``{"input_grid", "ground_truth"}`` (+ optional
+            ``"gravity_dir"``).
+        completions: one completion per record (text or token grid).
+        cache: an :class:`~sphyr_jax.topopt.optimum.OptimumCache` shared between calls.
+        num_devices: devices scoring is split over (None: all local).
+        optimum: the yardstick (``"reference"``, the default, or ``"strong"``;
+            None: the cache's).
+        progress: optional callable(stage, done, total) of the scoring.
 
     Returns:
-        Means over records of ``SUMMARY_KEYS``, ``samples`` (count) and
-        ``per_record`` (one metrics dict per record).
+        :func:`mean_scores` of the records, ``samples`` (count) and
+        ``per_record`` (every metric of each record,
+        :func:`~sphyr_jax.scoring.records.score_records`).
     """
-    from sphyr_jax.scoring.metrics import ScoreItem, score_batch
-
-    items = [ScoreItem(c, r["ground_truth"], r["input_grid"], _gravity(r) or DEFAULT_GRAVITY)
-             for r, c in zip(records, completions, strict=True)]
-    metrics = score_batch(items, cache, num_devices=num_devices, optimum=optimum,
-                          progress=progress)
-    out = {k: float(np.mean([float(getattr(m, k)) for m in metrics])) if metrics else 0.0
-           for k in SUMMARY_KEYS}
-    return {**out, "samples": len(metrics), "per_record": [m.as_dict() for m in metrics]}
+    per = score_records([{**r, "completion": c} for r, c in zip(records, completions, strict=True)],
+                        cache=cache, num_devices=num_devices, optimum=optimum, progress=progress)
+    return {**mean_scores(per), "samples": len(per), "per_record": per}
 
 
-def evaluate(model, records: Sequence[dict], hard: bool, cache=None,
-             num_devices: int | None = None) -> dict:
+def complete_and_score(model, records: Sequence[dict], *, hard: bool,
+                       cache: OptimumCache | None = None,
+                       num_devices: int | None = None) -> dict:
     """Complete every record's input with the model and score it physically.
 
     Args:
@@ -123,15 +137,16 @@ def evaluate(model, records: Sequence[dict], hard: bool, cache=None,
         num_devices: devices scoring is split over (None: all local).
 
     Returns:
-        See :func:`score_completions`, plus ``completions`` (token grids).
+        See :func:`score_summary`, plus ``completions`` (token grids).
     """
-    completions = complete_records(model, records, hard)
-    return {**score_completions(records, completions, cache, num_devices),
+    completions = complete_records(model, records, hard=hard)
+    return {**score_summary(records, completions, cache=cache, num_devices=num_devices),
             "completions": completions}
 
 
-def fill_baseline(records: Sequence[dict], token: str, cache=None,
+def fill_baseline(records: Sequence[dict], token: str, *, cache: OptimumCache | None = None,
                   num_devices: int | None = None) -> dict:
-    """Score completions that put ``token`` (``"0"``: empty, ``"1"``: solid) in every V cell."""
+    """Score completions that put ``token`` (``"0"``: empty, ``"1"``: solid) in every V cell
+    (see :func:`score_summary`)."""
     completions = [fill_masked(r["input_grid"], token) for r in records]
-    return score_completions(records, completions, cache, num_devices)
+    return score_summary(records, completions, cache=cache, num_devices=num_devices)

@@ -5,7 +5,7 @@ A *group* is the records of one subject in one load direction from one source
 model completions beside them).  :func:`build_leaderboard` completes every group's
 inputs with the model, adds the empty and solid baselines (every ``V`` cell
 ``0`` / ``1``) and any stored completions, and scores all of it in one batched
-:func:`~sphyr_jax.training.evaluation.score_completions` call (so every sample's
+:func:`~sphyr_jax.scoring.records.score_records` call (so every sample's
 reference optimum is computed once, and an ``OptimumCache`` with a directory
 makes re-scoring cheap).  :func:`leaderboard_markdown` and
 :func:`plot_leaderboard` render the result.
@@ -25,8 +25,9 @@ from sphyr_jax.problem.grids import extract_grid
 from sphyr_jax.problem.loadcase import DEFAULT_GRAVITY_3D, gravity_from_folder, normalise_gravity
 from sphyr_jax.problem.symmetry import AXIS_DIRECTIONS, ROTATION_TAGS, turn_records
 from sphyr_jax.progress import Progress
+from sphyr_jax.scoring.records import score_records
 from sphyr_jax.training.config import DIRECTION_NAMES
-from sphyr_jax.training.evaluation import complete_records, fill_masked, score_completions
+from sphyr_jax.training.evaluation import complete_records, fill_masked
 
 BASELINES = ("empty", "solid")
 METRICS = ("topology_score", "load_carrying")
@@ -216,7 +217,7 @@ def build_leaderboard(model, groups: Sequence[EvalGroup], cache=None,
     records, completions, owners = [], [], []
     model_completions = []
     for gi, g in enumerate(groups):
-        done = complete_records(model, g.records, is_hard(g.subject))
+        done = complete_records(model, g.records, hard=is_hard(g.subject))
         model_completions.append(done)
         empty, solid = ("0.0", "1.0") if is_hard(g.subject) else ("0", "1")
         entries = {"model": done,
@@ -229,8 +230,8 @@ def build_leaderboard(model, groups: Sequence[EvalGroup], cache=None,
             owners.extend((gi, name) for _ in comps)
     say(f"scoring {len(completions)} completions of {sum(len(g.records) for g in groups)} "
         f"records in {len(groups)} groups")
-    per = score_completions(records, completions, cache, num_devices,
-                            progress=progress)["per_record"]
+    per = score_records([{**r, "completion": c} for r, c in zip(records, completions, strict=True)],
+                        cache=cache, num_devices=num_devices, progress=progress)
     sums: dict[tuple[int, str], list] = {}
     for (gi, name), m in zip(owners, per, strict=True):
         sums.setdefault((gi, name), []).append([float(m[k]) for k in METRICS])

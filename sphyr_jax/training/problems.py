@@ -72,7 +72,8 @@ def input_features(load, support, masked, known, gravity) -> jax.Array:
     """Model input of one grid, (len(channels(d)), *cells) float64.
 
     Args:
-        load, support: (*cells) visible L / S cells ((nely, nelx) or (nz, ny, nx)).
+        load: (*cells) visible L cells ((nely, nelx) or (nz, ny, nx)).
+        support: (*cells) visible S cells.
         masked: (*cells) V cells.
         known: (*cells) densities of visible cells (L/S solid), 0 on V cells.
         gravity: (d,) unit load direction ((row, col) or (layer, row, col)).
@@ -87,7 +88,8 @@ def build_problem(load, support, gravity, known, masked) -> tuple[LoadCase, jax.
     """Load case and model features of one problem.
 
     Args:
-        load, support: (nely, nelx) bool, the true L / S cells (the physics).
+        load: (nely, nelx) bool, the true L cells (the physics).
+        support: (nely, nelx) bool, the true S cells.
         gravity: (2,) unit load direction.
         known: (nely, nelx) densities of the non-L/S cells (shown where unmasked).
         masked: (nely, nelx) bool, V cells of the input (L/S cells may be hidden).
@@ -246,7 +248,8 @@ class Pool(eqx.Module):
     """Plausible canonical-frame designs whose known cells training problems show.
 
     Attributes:
-        load, support: (P, nely, nelx) bool.
+        load: (P, nely, nelx) bool.
+        support: (P, nely, nelx) bool.
         densities: (P, nely, nelx) SIMP densities (L/S solid), rounded to each
             problem's format when used.
     """

@@ -119,8 +119,9 @@ def _feedback_experiment(model: str, root: str, seed: int) -> int:
     for subject in FLAGS.subjects or dataset_subjects(dataset):
         samples = build_samples(load_subject(dataset, subject), subject, spec,
                                 FLAGS.sample_count or None, seed)
-        result = run_feedback_experiment(call, samples, FLAGS.feedback_rounds, mode, folder,
-                                         subject, cache, max_concurrency=FLAGS.concurrency)
+        result = run_feedback_experiment(call, samples, rounds=FLAGS.feedback_rounds,
+                                         mode=mode, output_dir=folder, stem=subject,
+                                         cache=cache, max_concurrency=FLAGS.concurrency)
         print(f"{subject} ({mode}, {len(samples)} samples)")
         print(result.markdown())
         print()

@@ -31,7 +31,8 @@ def _known_metrics(values) -> bool:
 
 flags.register_validator("report_metrics", _known_metrics,
                          "--report_metrics names a metric that is not reported; see the "
-                         "Metrics section of the README for the names")
+                         "static and structural metric tables of the scoring guide "
+                         "(docs/guides/scoring.md) for the names")
 
 
 def main() -> int:
