@@ -297,12 +297,12 @@ def assert_dihedral_equivariance(model, records):
             r0 = {**rec, "gravity_dir": list(d)}
             feats = training.grid_features(r0["input_grid"], d)
             p0 = np.asarray(training.predict(model, jnp.asarray(feats[None])))[0]
-            c0 = training.complete_records(model, [r0], hard)[0]
+            c0 = training.complete_records(model, [r0], hard=hard)[0]
             for m, k in ELEMENTS:
                 r = transform_record(r0, k, mirror=1 if m else None)
                 feats = training.grid_features(r["input_grid"], r["gravity_dir"])
                 p = np.asarray(training.predict(model, jnp.asarray(feats[None])))[0]
                 np.testing.assert_array_equal(p, symmetry_image(p0, m, k),
                                               err_msg=f"{d} {m} {k}")
-                assert training.complete_records(model, [r], hard)[0] == symmetry_image(
+                assert training.complete_records(model, [r], hard=hard)[0] == symmetry_image(
                     c0, m, k).tolist()

@@ -31,7 +31,7 @@ _SCRIPT = textwrap.dedent("""
     import json, sys
     import sphyr_jax
     from sphyr_jax import training
-    from sphyr_jax.training.evaluation import score_completions
+    from sphyr_jax.training.evaluation import score_summary
 
     sphyr_jax.enable_x64()
     figures, metrics = json.load(open(sys.argv[1])), sys.argv[2].split(",")
@@ -39,8 +39,8 @@ _SCRIPT = textwrap.dedent("""
     out = []
     for rec in figures["records"]:
         hard = rec["subject"].endswith("_hard")
-        done = training.complete_records(model, [rec], hard)[0]
-        scored = score_completions([rec], [done])["per_record"][0]
+        done = training.complete_records(model, [rec], hard=hard)[0]
+        scored = score_summary([rec], [done])["per_record"][0]
         out.append({"completion": "\\n".join(" ".join(row) for row in done),
                     **{k: scored[k] for k in metrics}})
     print(json.dumps({"records": out, "file": training.__file__}))
@@ -92,19 +92,20 @@ def test_evaluate_serves_the_checkpoint_by_name(tmp_path):
         truth = extract_grid(rec["ground_truth"])
         source = records[json.dumps(truth)]
         assert rec["gravity_dir"] == source["gravity_dir"]
-        mine = training.complete_records(model, [source], True)[0]
+        mine = training.complete_records(model, [source], hard=True)[0]
         assert extract_grid(rec["completion"]) == mine
         assert rec["load_carrying"] is True
 
 
 def test_the_shipped_checkpoint_is_exactly_equivariant():
+    """Eight load directions (axes and diagonals) x eight symmetries of the square, a hard
+    10x10 and an easy 20x20 record: the moved input gets the moved completion bit for bit."""
     from sphyr_jax import training
     from sphyr_jax.data.datasets import load_subject
 
     model = training.load_pretrained()
     records = [load_subject(str(SETS / "dataset"), "full_hard", limit=1)[0],
-               load_subject(str(SETS / "dataset_v2"), "10_random_cell_easy", limit=1)[0],
-               load_subject(str(SETS / "dataset_v2_20"), "3_random_column_hard", limit=1)[0]]
+               load_subject(str(SETS / "dataset_v2_20"), "3_random_column_easy", limit=1)[0]]
     assert_dihedral_equivariance(model, records)
 
 

@@ -172,7 +172,8 @@ class SampleIndex:
         """Add samples: their layouts (load and support masks) and/or their structures.
 
         Args:
-            load_mask, support_mask: (n, n) or (K, n, n) bool, or None (no layout).
+            load_mask: (n, n) or (K, n, n) bool load cells, or None (no layout).
+            support_mask: the support cells, shaped like ``load_mask``.
             solid: (n, n) or (K, n, n) bool easy-answer material (L/S cells
                 solid), or None (no structure).
         """
@@ -339,7 +340,8 @@ class BenchmarkIndex(SampleIndex):
         """Why one candidate is refused, or None when it is far from every sample.
 
         Args:
-            load_mask, support_mask: (n, n) bool, the candidate's layout.
+            load_mask: (n, n) bool, the candidate's load cells.
+            support_mask: (n, n) bool, its support cells.
             solid: optional (n, n) bool, its easy answer's material (L/S solid).
 
         Returns:
