@@ -306,3 +306,13 @@ def assert_dihedral_equivariance(model, records):
                                               err_msg=f"{d} {m} {k}")
                 assert training.complete_records(model, [r], hard=hard)[0] == symmetry_image(
                     c0, m, k).tolist()
+
+
+def token_grid(load, support, values, masked=None) -> list:
+    """Token rows of a 2D problem: ``L``/``S`` cells, ``values`` elsewhere (``V`` where
+    ``masked``)."""
+    load, support, values = (np.asarray(a) for a in (load, support, values))
+    masked = np.zeros(load.shape, bool) if masked is None else np.asarray(masked)
+    return [["V" if masked[r, c] else "L" if load[r, c] else "S" if support[r, c]
+             else f"{values[r, c]:g}" for c in range(load.shape[1])]
+            for r in range(load.shape[0])]

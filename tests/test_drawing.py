@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import token_grid
 
 from sphyr_jax import training
 from sphyr_jax.data import generate_v2
@@ -102,21 +103,7 @@ def test_pool_answers_are_the_family_answers(source):
 
 def _tokens(ps, i, values, masked=None):
     """Token grid of a problem: L/S cells, values elsewhere (V where masked)."""
-    load, support = ps.bank.load[i], ps.bank.support[i]
-    grid = []
-    for r in range(N):
-        row = []
-        for c in range(N):
-            if masked is not None and masked[r, c]:
-                row.append("V")
-            elif load[r, c]:
-                row.append("L")
-            elif support[r, c]:
-                row.append("S")
-            else:
-                row.append(f"{values[r, c]:g}")
-        grid.append(row)
-    return grid
+    return token_grid(ps.bank.load[i], ps.bank.support[i], values, masked)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

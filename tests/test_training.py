@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import EIGHT, SETS, assert_dihedral_equivariance, symmetry_image
+from conftest import EIGHT, SETS, assert_dihedral_equivariance, symmetry_image, token_grid
 
 from sphyr_jax import training
 from sphyr_jax.evaluation.baselines import write_baseline_results
@@ -42,22 +42,7 @@ def _leaves(model):
 
 def _tokens(case, masked, gt: bool):
     """Ground-truth (gt=True) or masked input token grid of a sampled problem."""
-    load, support = np.asarray(case.load_mask), np.asarray(case.support_mask)
-    pinned = np.asarray(case.pinned)
-    grid = []
-    for r in range(load.shape[0]):
-        row = []
-        for c in range(load.shape[1]):
-            if not gt and masked[r, c]:
-                row.append("V")
-            elif load[r, c]:
-                row.append("L")
-            elif support[r, c]:
-                row.append("S")
-            else:
-                row.append(f"{pinned[r, c]:g}")
-        grid.append(row)
-    return grid
+    return token_grid(case.load_mask, case.support_mask, case.pinned, None if gt else masked)
 
 
 def _on_edge(mask: np.ndarray, edge: str) -> bool:
