@@ -30,14 +30,16 @@ the package for a grid size (the published 10x10 set and its three turns and
 ``dataset_v2`` at 10x10, ``dataset_v2_20`` at 20x20) and
 :func:`load_exclusion_index` builds their index, plus any other folders.
 
-Example::
+A benchmark sample's own layout is refused; a candidate far from every sample
+gets None (else ``"excluded_layout"`` or ``"excluded_structure"``):
 
-    from sphyr_jax.data.exclusion import load_exclusion_index
-
-    index = load_exclusion_index(10)
-    reason = index.check(load_mask, support_mask, solid=easy_answer >= 0.5)
-    # None: far enough from every benchmark sample; else "excluded_layout" or
-    # "excluded_structure"
+>>> import numpy as np
+>>> from sphyr_jax.data import embedded, load_subject
+>>> from sphyr_jax.data.exclusion import load_exclusion_index
+>>> index = load_exclusion_index(10)
+>>> grid = np.asarray(load_subject(embedded("dataset_v2"), "full_easy")[0]["ground_truth"])
+>>> index.check(grid == "L", grid == "S")
+'excluded_layout'
 """
 
 from __future__ import annotations
