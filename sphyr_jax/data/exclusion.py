@@ -37,7 +37,8 @@ gets None (else ``"excluded_layout"`` or ``"excluded_structure"``):
 >>> from sphyr_jax.data import embedded, load_subject
 >>> from sphyr_jax.data.exclusion import load_exclusion_index
 >>> index = load_exclusion_index(10)
->>> grid = np.asarray(load_subject(embedded("dataset_v2"), "full_easy")[0]["ground_truth"])
+>>> record = load_subject(embedded("dataset_v2"), "full_easy")[0]
+>>> grid = np.asarray(record["ground_truth"])
 >>> index.check(grid == "L", grid == "S")
 'excluded_layout'
 """
