@@ -269,3 +269,50 @@ def store_optima(directory, records, session_cache):
         case = load_case_from_grid(rec["ground_truth"], rec["prompt"])
         seed = np.asarray(case.pinned)
         disk.put(case, seed, session_cache.get(case, seed))
+
+
+# --- the eight symmetries of the square (the density model's exact equivariance) ----------
+
+EIGHT = [(1, 0), (0, 1), (-1, 0), (0, -1), (1, 1), (-1, 1), (-1, -1), (1, -1)]
+
+
+def symmetry_image(grid, mirror: bool, k: int):
+    """np.rot90(np.fliplr(grid), k) (mirror first) or np.rot90(grid, k)."""
+    a = np.asarray(grid, dtype=object if isinstance(np.ravel(grid)[0], str) else None)
+    return np.rot90(np.flip(a, 1) if mirror else a, k)
+
+
+def assert_dihedral_equivariance(model, records):
+    """Every record, given each of the eight load directions and then moved by each of the
+    eight symmetries of the square, gets the moved densities and completion bit for bit
+    (each moved record in a call of its own)."""
+    import jax.numpy as jnp
+
+    from sphyr_jax import training
+    from sphyr_jax.problem.symmetry import ELEMENTS, transform_record
+
+    for rec in records:
+        hard = "." in "".join(np.ravel(rec["ground_truth"]))
+        for d in EIGHT:
+            r0 = {**rec, "gravity_dir": list(d)}
+            feats = training.grid_features(r0["input_grid"], d)
+            p0 = np.asarray(training.predict(model, jnp.asarray(feats[None])))[0]
+            c0 = training.complete_records(model, [r0], hard=hard)[0]
+            for m, k in ELEMENTS:
+                r = transform_record(r0, k, mirror=1 if m else None)
+                feats = training.grid_features(r["input_grid"], r["gravity_dir"])
+                p = np.asarray(training.predict(model, jnp.asarray(feats[None])))[0]
+                np.testing.assert_array_equal(p, symmetry_image(p0, m, k),
+                                              err_msg=f"{d} {m} {k}")
+                assert training.complete_records(model, [r], hard=hard)[0] == symmetry_image(
+                    c0, m, k).tolist()
+
+
+def token_grid(load, support, values, masked=None) -> list:
+    """Token rows of a 2D problem: ``L``/``S`` cells, ``values`` elsewhere (``V`` where
+    ``masked``)."""
+    load, support, values = (np.asarray(a) for a in (load, support, values))
+    masked = np.zeros(load.shape, bool) if masked is None else np.asarray(masked)
+    return [["V" if masked[r, c] else "L" if load[r, c] else "S" if support[r, c]
+             else f"{values[r, c]:g}" for c in range(load.shape[1])]
+            for r in range(load.shape[0])]

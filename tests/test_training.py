@@ -7,14 +7,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SETS
+from conftest import EIGHT, SETS, assert_dihedral_equivariance, symmetry_image, token_grid
 
 from sphyr_jax import training
 from sphyr_jax.evaluation.baselines import write_baseline_results
 from sphyr_jax.fem import fea
 from sphyr_jax.problem.grids import densities_from_grid, parse_number
 from sphyr_jax.problem.loadcase import load_case_from_grid, stack_load_cases
-from sphyr_jax.problem.symmetry import AXIS_DIRECTIONS, transform_record, turn_records
+from sphyr_jax.problem.symmetry import (
+    AXIS_DIRECTIONS,
+    transform_record,
+    turn_records,
+)
 from sphyr_jax.topopt.optimum import OptimumCache, OptimumResult
 
 TINY = training.TrainConfig(
@@ -38,22 +42,7 @@ def _leaves(model):
 
 def _tokens(case, masked, gt: bool):
     """Ground-truth (gt=True) or masked input token grid of a sampled problem."""
-    load, support = np.asarray(case.load_mask), np.asarray(case.support_mask)
-    pinned = np.asarray(case.pinned)
-    grid = []
-    for r in range(load.shape[0]):
-        row = []
-        for c in range(load.shape[1]):
-            if not gt and masked[r, c]:
-                row.append("V")
-            elif load[r, c]:
-                row.append("L")
-            elif support[r, c]:
-                row.append("S")
-            else:
-                row.append(f"{pinned[r, c]:g}")
-        grid.append(row)
-    return grid
+    return token_grid(case.load_mask, case.support_mask, case.pinned, None if gt else masked)
 
 
 def _on_edge(mask: np.ndarray, edge: str) -> bool:
@@ -176,9 +165,9 @@ def test_training_lowers_the_loss_with_finite_gradients(trained):
     start = training.init_model(TINY.model, jax.random.split(jax.random.PRNGKey(0), 3)[0])
     opt_state = training.make_optimizer(TINY).init(eqx.filter(start, eqx.is_array))
     final = jnp.asarray(TINY.steps - 1, jnp.float64)  # final objective: p = 3, rounded term on
-    key = jax.random.PRNGKey(99)  # the same held-out batch for both models
-    moved, _, before, aux0 = step_fn(start, opt_state, key, final, None)
-    _, _, after, aux1 = step_fn(model, opt_state, key, final, None)
+    held_out = training.CanonicalSource(TINY, jax.random.PRNGKey(99)).batch(0)  # both models
+    moved, _, before, aux0 = step_fn(start, opt_state, held_out, final)
+    _, _, after, aux1 = step_fn(model, opt_state, held_out, final)
     for aux in (aux0, aux1):
         assert np.isfinite(float(aux["grad_norm"])) and float(aux["grad_norm"]) > 0
     assert all(np.all(np.isfinite(x)) for x in _leaves(moved))
@@ -296,24 +285,59 @@ def data_records():
             for s in ("full_easy", "full_hard", "3_random_column_hard", "5_random_cell_easy")}
 
 
-def test_model_is_exactly_equivariant(trained, data_records):
-    """Turning / mirroring a grid with its load direction turns / mirrors the model's densities."""
+def test_canonical_element_takes_every_direction_into_the_sector():
+    """An axis direction goes to down, a diagonal to down-right, any other direction into the
+    sector r >= c >= 0; the stabiliser keeps the canonical direction (brute force over the
+    eight symmetries: it is the only other one that does)."""
+    from sphyr_jax.problem import symmetry as sym
+
+    rng = np.random.default_rng(0)
+    angles = rng.uniform(0, 2 * np.pi, 16)
+    extra = [(np.cos(a), np.sin(a)) for a in angles]
+    for i, g in enumerate(EIGHT + extra):
+        g = np.asarray(g, np.float64) / np.linalg.norm(g)
+        m, k = sym.canonical_element(jnp.asarray(g))
+        c = np.asarray(sym.transform_vector(jnp.asarray(g), m, k))
+        assert c[0] >= c[1] >= 0
+        if i < 8:  # an axis direction goes to down, a diagonal to down-right
+            np.testing.assert_array_equal(c, [1.0, 0.0] if i < 4 else [abs(g[0])] * 2)
+        keeps = [(mm, kk) for mm, kk in sym.ELEMENTS
+                 if np.array_equal(np.asarray(sym.transform_vector(jnp.asarray(c), mm, kk)), c)]
+        sm, sk = sym.stabiliser(jnp.asarray(c))
+        assert (bool(sm), int(sk)) in keeps
+        assert len(keeps) == (2 if (c[1] == 0 or c[0] == c[1]) else 1)
+        # The planes move like np.rot90(np.fliplr(.)) and the inverse undoes them.
+        x = rng.random((3, 5, 5))
+        y = np.asarray(sym.transform_planes(jnp.asarray(x), m, k))
+        np.testing.assert_array_equal(y, symmetry_image(x.transpose(1, 2, 0), bool(m), int(k))
+                                      .transpose(2, 0, 1))
+        np.testing.assert_array_equal(
+            np.asarray(sym.transform_planes(jnp.asarray(y), *sym.inverse_element(m, k))), x)
+
+
+def _random_model(width=6):
+    net = training.init_model(dataclasses.replace(TINY.model, width=width), 3)
+    return eqx.tree_at(lambda m: m.head.weight, net, jax.random.normal(
+        jax.random.PRNGKey(5), net.head.weight.shape))  # a non-constant output
+
+
+def test_model_is_exactly_equivariant_under_the_eight_symmetries(trained, data_records):
+    """Eight directions (axes and diagonals) x eight symmetries, on 10x10 and 20x20 grids,
+    for a random untrained model and a trained one: bit for bit."""
+    from sphyr_jax.data.datasets import load_subject
+
     model, _ = trained
-    full = training.init_model(dataclasses.replace(TINY.model, width=6), 3)
-    full = eqx.tree_at(lambda m: m.head.weight, full, jax.random.normal(
-        jax.random.PRNGKey(5), full.head.weight.shape))  # a non-constant output
-    rec = data_records["3_random_column_hard"][1]
-    base = jnp.asarray(training.grid_features(rec["input_grid"])[None])
-    for net in (model, full):
-        p0 = np.asarray(training.predict(net, base))[0]
-        for k, mirror in TRANSFORMS:
-            r = transform_record(rec, k, mirror=mirror)
-            p = np.asarray(training.predict(net, jnp.asarray(
-                training.grid_features(r["input_grid"], r["gravity_dir"])[None])))[0]
-            np.testing.assert_allclose(p, _transform_tokens(p0, k, mirror), rtol=0, atol=1e-12)
+    v2 = load_subject(str(SETS / "dataset_v2"), "3_random_column_hard", limit=1)
+    v2_20 = load_subject(str(SETS / "dataset_v2_20"), "5_random_cell_easy", limit=1)
+    records = [data_records["3_random_column_hard"][1], v2[0], v2_20[0]]
+    for net in (_random_model(), model):
+        assert_dihedral_equivariance(net, records)
     # The bare conv net (no symmetrisation) with the same weights is not equivariant.
+    full = _random_model()
+    rec = data_records["3_random_column_hard"][1]
+    base = jnp.asarray(training.grid_features(rec["input_grid"]))
     r = transform_record(rec, 1)
-    z0 = np.asarray(full.net(base[0]))
+    z0 = np.asarray(full.net(base))
     z1 = np.asarray(full.net(jnp.asarray(training.grid_features(r["input_grid"],
                                                                 r["gravity_dir"]))))
     assert np.abs(z1 - np.rot90(z0)).max() > 1e-3

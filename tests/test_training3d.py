@@ -125,9 +125,11 @@ def test_voxel_loss_gradient_matches_finite_differences(sampled):
     direction = jax.tree.map(lambda a: jax.random.normal(jax.random.PRNGKey(a.size), a.shape),
                              params)
 
+    batch = training.TrainBatch(sub[0], sub[1], sub[2].hard)
+
     def loss(p):  # progress 0.1: before the straight-through rounded term starts
         m = eqx.combine(p, static)
-        return training.batch_loss(m, sub[0], sub[1], 0.1, TINY3D.loss, sub[2].hard)[0]
+        return training.batch_loss(m, batch, 0.1, TINY3D.loss)[0]
 
     g = jax.grad(loss)(params)
     dd = sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(direction),
@@ -144,9 +146,9 @@ def test_voxel_training_lowers_the_loss_and_the_model_is_mirror_equivariant(trai
     start = training.init_model(TINY3D.model, jax.random.split(jax.random.PRNGKey(0), 3)[0])
     opt_state = training.make_optimizer(TINY3D).init(eqx.filter(start, eqx.is_array))
     final = jnp.asarray(TINY3D.steps - 1, jnp.float64)
-    key = jax.random.PRNGKey(99)  # the same held-out batch for both models
-    _, _, before, _ = step_fn(start, opt_state, key, final, None)
-    _, _, after, aux = step_fn(model, opt_state, key, final, None)
+    held_out = training.CanonicalSource(TINY3D, jax.random.PRNGKey(99)).batch(0)  # both models
+    _, _, before, _ = step_fn(start, opt_state, held_out, final)
+    _, _, after, aux = step_fn(model, opt_state, held_out, final)
     assert np.isfinite(float(aux["grad_norm"]))
     assert float(after) < float(before) - 1.0, (float(before), float(after))
     assert float(aux["carrying"]) > 0.9

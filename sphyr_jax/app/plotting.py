@@ -456,7 +456,7 @@ def render_file(path, output, index=0, cache=None) -> pathlib.Path:
       :func:`plot_validation`;
     * a leaderboard ``{"rows": [{"model", ...}]}`` (``rescore --output_json``):
       :func:`plot_leaderboard`;
-    * a trainer's ``leaderboard.json`` (``experiments/train_compliance.py``):
+    * a trainer's ``leaderboard.json`` (``python -m sphyr_jax train``):
       heat maps of every entry, subject by direction, of its first source
       (:func:`sphyr_jax.training.leaderboard.plot_leaderboard`).
 

@@ -20,8 +20,8 @@ Kinds, by the spec string :func:`make_backend` reads:
 * ``baseline:empty|solid|random|copy_input|retrieval|retrieval_lookup``:
   :class:`BaselineBackend`
   (see :mod:`sphyr_jax.evaluation.baselines`).
-* ``checkpoint:DIR``: a density network trained by
-  ``experiments/train_compliance.py``; built by
+* ``checkpoint:DIR``: a density network trained by ``python -m sphyr_jax
+  train`` (``checkpoint:physics``: the one shipped in the package); built by
   :func:`sphyr_jax.training.backend.checkpoint_backend`, looked up through
   :data:`BACKEND_KINDS` by name (see below).
 * ``python:module:function``: :class:`PythonCallable`, any user function

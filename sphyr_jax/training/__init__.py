@@ -11,12 +11,19 @@ of the project (:func:`sphyr_jax.scoring.records.score_records`;
 :mod:`~sphyr_jax.training.leaderboard` scores one model on every subject and
 load direction beside the empty / solid baselines and stored completions.
 
+Training problems are drawn by the benchmark generators' own rules
+(:mod:`~sphyr_jax.training.drawing`, :class:`DrawConfig`) or by the canonical
+in-graph sampler (:mod:`~sphyr_jax.training.problems`, voxels included).  A
+model trained this way ships with the package: :func:`load_pretrained`
+(``evaluate --model=checkpoint:physics``).
+
 float64 must be on (``sphyr_jax.enable_x64()``) before training or evaluating.
 """
 
 from sphyr_jax.training.config import (
     DIRECTION_NAMES,
     MASK_VARIANTS,
+    DrawConfig,
     LossConfig,
     ModelConfig,
     ProblemConfig,
@@ -47,18 +54,27 @@ from sphyr_jax.training.leaderboard import (
     write_leaderboard,
 )
 from sphyr_jax.training.loop import (
+    CanonicalSource,
+    ProblemSource,
+    RulesSource,
+    TrainBatch,
     batch_loss,
     design_objective,
     make_optimizer,
     make_train_step,
+    problem_source,
     schedule,
     train,
 )
 from sphyr_jax.training.model import (
+    PRETRAINED,
     DensityNet,
     init_model,
     load_checkpoint,
+    load_model,
+    load_pretrained,
     predict,
+    pretrained_dir,
     save_checkpoint,
 )
 from sphyr_jax.training.problems import (
@@ -83,9 +99,15 @@ from sphyr_jax.training.problems import (
 
 __all__ = [
     "CHANNELS",
+    "PRETRAINED",
+    "CanonicalSource",
+    "ProblemSource",
+    "RulesSource",
+    "TrainBatch",
     "DIRECTION_NAMES",
     "MASK_VARIANTS",
     "DensityNet",
+    "DrawConfig",
     "EvalGroup",
     "LossConfig",
     "ModelConfig",
@@ -112,6 +134,8 @@ __all__ = [
     "build_leaderboard",
     "leaderboard_markdown",
     "load_checkpoint",
+    "load_model",
+    "load_pretrained",
     "load_dataset_groups",
     "load_results_groups",
     "make_optimizer",
@@ -122,6 +146,8 @@ __all__ = [
     "needs_pool",
     "plot_leaderboard",
     "predict",
+    "pretrained_dir",
+    "problem_source",
     "round_to_format",
     "run_experiment",
     "sample_boundary",

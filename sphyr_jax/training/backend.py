@@ -1,7 +1,8 @@
 """A trained density network as a model backend (``--model=checkpoint:DIR``).
 
-The network written by ``experiments/train_compliance.py`` (``model.eqx`` +
-``model.json``, :func:`~sphyr_jax.training.model.save_checkpoint`) answers a
+The network written by ``python -m sphyr_jax train`` (``model.eqx`` +
+``model.json``, :func:`~sphyr_jax.training.model.save_checkpoint`), or a
+built-in one (``checkpoint:physics``, shipped in the package), answers a
 :class:`~sphyr_jax.evaluation.backends.Query` from its masked grid, subject
 format and load direction, not from the prompt's text: the features are the
 ones it was trained on (:func:`~sphyr_jax.training.problems.grid_features`),
@@ -28,18 +29,28 @@ from sphyr_jax.errors import UserInputError
 from sphyr_jax.evaluation.backends import Backend, Query
 from sphyr_jax.problem.grids import grid_to_text
 from sphyr_jax.training.evaluation import complete_grid
-from sphyr_jax.training.model import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
+from sphyr_jax.training.model import (
+    CONFIG_FILE,
+    PRETRAINED,
+    WEIGHTS_FILE,
+    load_checkpoint,
+    pretrained_dir,
+)
 
 
 class CheckpointBackend(Backend):
     """Completions by a trained :class:`~sphyr_jax.training.model.DensityNet`.
 
     Args:
-        directory: the checkpoint folder.
+        directory: the checkpoint folder, or the name of a built-in checkpoint
+            (:data:`~sphyr_jax.training.model.PRETRAINED`, e.g. ``physics``)
+            when no folder of that name exists.
         name: model name for the records (default ``checkpoint:<directory>``).
     """
 
     def __init__(self, directory, name: str | None = None):
+        if str(directory) in PRETRAINED and not pathlib.Path(directory).is_dir():
+            directory = pretrained_dir(str(directory))
         directory = pathlib.Path(directory)
         missing = [f for f in (WEIGHTS_FILE, CONFIG_FILE) if not (directory / f).is_file()]
         if missing:

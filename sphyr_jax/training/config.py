@@ -2,6 +2,10 @@
 
 Frozen dataclasses (hashable, so they can be static arguments of compiled
 functions); :func:`train_config_from_dict` rebuilds one from its JSON form.
+Training problems come either from the benchmark generators' own rules
+(:class:`DrawConfig`, 2D: :mod:`~sphyr_jax.training.drawing`) or from the
+canonical in-graph sampler (:class:`ProblemConfig`, any grid and voxels:
+:mod:`~sphyr_jax.training.problems`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,26 @@ from sphyr_jax.data.datasets import VARIANTS
 
 MASK_VARIANTS = VARIANTS  # the SPhyR mask variants, in convert's order
 DIRECTION_NAMES = ("down", "right", "up", "left")  # k counter-clockwise turns of down
+HARD_VALUES = ("decimal", "binary")  # how a model writes hard cells (ModelConfig.hard_values)
+FAMILIES = ("v1", "v2")  # the generator families training problems are drawn by
+_LEAST_GRID = {"v1": 3, "v2": 5}  # the generators' smallest grids
+
+
+def parse_source(source: str) -> tuple[str, int]:
+    """A training source ``"<family>:<grid size>"`` as ``(family, n)``: ``"v2:20"`` ->
+    ``("v2", 20)``.
+
+    Raises:
+        ValueError: for an unknown family or a grid smaller than the family's least.
+    """
+    family, _, size = str(source).partition(":")
+    if family not in FAMILIES or not size.isdigit():
+        raise ValueError(f"a source is '<family>:<grid size>' with a family of {FAMILIES}, "
+                         f"got {source!r}")
+    if int(size) < _LEAST_GRID[family]:
+        raise ValueError(f"{family} grids are at least {_LEAST_GRID[family]} cells wide, "
+                         f"got {source!r}")
+    return family, int(size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +116,71 @@ class ProblemConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DrawConfig:
+    """Training problems drawn by the benchmark generators' rules (see
+    :mod:`sphyr_jax.training.drawing`).
+
+    Attributes:
+        sources: ``"<family>:<grid size>"`` sources (families ``v1``, ``v2``;
+            the default draws v1 at 9 and 11, since nearly every v1 layout at
+            10x10 lies near a sample of the embedded v1 set).
+        source_weights: relative frequency of each source among the problems
+            of its grid size.
+        grid_sizes: the grid sizes of the sources, ascending (a step draws one
+            grid size; every problem of a batch has it).
+        size_weights: relative frequency of the steps of each grid size.
+        batch_sizes: problems per step of each grid size.
+        variant_weights: relative frequency of the mask variants of ``MASK_VARIANTS``.
+        hard_fraction: share of one-decimal (hard) problems.
+        pool_fraction: share of full masks that show a pool answer's known
+            cells (partial masks always do).
+        bank_size: layouts drawn per source.
+        pool_sizes: layouts solved per source (its pool).
+        exclude_benchmarks: refuse every layout the benchmark index calls too
+            close to a benchmark sample (:mod:`sphyr_jax.data.exclusion`).
+    """
+
+    sources: tuple[str, ...] = ("v1:9", "v2:10", "v1:11", "v2:20")
+    source_weights: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0)
+    size_weights: tuple[float, ...] = (1.0, 1.5, 1.0, 1.5)
+    batch_sizes: tuple[int, ...] = (32, 32, 32, 8)
+    variant_weights: tuple[float, ...] = (1.0,) * len(MASK_VARIANTS)
+    hard_fraction: float = 0.5
+    pool_fraction: float = 0.5
+    bank_size: int = 1024
+    pool_sizes: tuple[int, ...] = (256, 256, 256, 64)
+    exclude_benchmarks: bool = True
+
+    def __post_init__(self):
+        for source in self.sources:
+            parse_source(source)
+        per_source = (("source_weights", self.source_weights), ("pool_sizes", self.pool_sizes))
+        per_size = (("size_weights", self.size_weights), ("batch_sizes", self.batch_sizes))
+        for name, values in per_source + per_size:
+            want = len(self.sources) if name in ("source_weights", "pool_sizes") else len(
+                self.grid_sizes)
+            if len(values) != want or min(values) < 0:
+                raise ValueError(f"{name} needs {want} non-negative values, got {values}")
+        if len(self.variant_weights) != len(MASK_VARIANTS) or min(self.variant_weights) < 0:
+            raise ValueError(f"variant_weights needs {len(MASK_VARIANTS)} non-negative weights")
+        for name in ("hard_fraction", "pool_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if min(self.batch_sizes) < 1 or self.bank_size < 1:
+            raise ValueError("batch_sizes and bank_size must be positive")
+
+    @property
+    def grid_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({parse_source(s)[1] for s in self.sources}))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The largest grid (the trainer's problems are square)."""
+        n = self.grid_sizes[-1]
+        return (n, n)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Architecture of :class:`~sphyr_jax.training.model.DensityNet`.
 
@@ -107,6 +196,11 @@ class ModelConfig:
             equivariance; twice the forward cost).
         ndim: grid axes: 2 (Conv2d) or 3 (Conv3d on voxel grids, whose load
             points down: ``canonical`` does nothing there).
+        hard_values: how the model writes a hard (one-decimal) subject's
+            cells: ``"decimal"`` its densities to one decimal, ``"binary"``
+            ``0.0``/``1.0`` at threshold 0.5 (at p = 3 a grey cell is poor
+            value: a 0.5 cell pays half the material for an eighth of the
+            stiffness).  The loss's rounded term rounds the same way.
     """
 
     width: int = 32
@@ -115,10 +209,14 @@ class ModelConfig:
     canonical: bool = True
     mirror_average: bool = True
     ndim: int = 2
+    hard_values: str = "decimal"
 
     def __post_init__(self):
         if self.ndim not in (2, 3):
             raise ValueError(f"ndim must be 2 or 3, got {self.ndim}")
+        if self.hard_values not in HARD_VALUES:
+            raise ValueError(f"hard_values must be one of {HARD_VALUES}, got "
+                             f"{self.hard_values!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +225,10 @@ class LossConfig:
 
     Attributes:
         volume_weight: material price lambda on the whole-grid volume fraction.
+        excess_weight: price kappa on the material above a problem's target
+            volume fraction, $\\kappa \\max(0, \\log(v_f / t))$ (problems drawn by
+            the generators' rules carry a target, the answer's volume
+            fraction; others none).
         penal: SIMP exponent of the soft design's compliance at the end.
         initial_penal: SIMP exponent of the soft term at the start; it moves
             linearly to ``penal`` over the first half of training (continuation:
@@ -146,6 +248,7 @@ class LossConfig:
     """
 
     volume_weight: float = 6.0
+    excess_weight: float = 0.0
     penal: float = 3.0
     initial_penal: float = 1.0
     rounded_weight: float = 0.5
@@ -157,7 +260,11 @@ class LossConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Optimiser and schedule, plus the nested problem, model and loss settings."""
+    """Optimiser and schedule, plus the nested problem, model and loss settings.
+
+    ``batch_size`` is the batch of a :class:`ProblemConfig`; a
+    :class:`DrawConfig` has its own per grid size.
+    """
 
     steps: int = 1000
     batch_size: int = 32
@@ -166,7 +273,7 @@ class TrainConfig:
     clip_norm: float = 1.0
     log_every: int = 25
     seed: int = 0
-    problem: ProblemConfig = ProblemConfig()
+    problem: ProblemConfig | DrawConfig = ProblemConfig()
     model: ModelConfig = ModelConfig()
     loss: LossConfig = LossConfig()
 
@@ -195,7 +302,8 @@ def model_config_from_dict(values: dict) -> ModelConfig:
 def train_config_from_dict(values: dict) -> TrainConfig:
     """A :class:`TrainConfig` from its ``as_dict`` / JSON form."""
     values = dict(values)
-    nested = {"problem": ProblemConfig, "model": ModelConfig, "loss": LossConfig}
+    problem = DrawConfig if "sources" in values.get("problem", {}) else ProblemConfig
+    nested = {"problem": problem, "model": ModelConfig, "loss": LossConfig}
     for name, cls in nested.items():
         if name in values:
             values[name] = _build(cls, values[name])

@@ -36,7 +36,9 @@ def _predict(model, features):
     return predict(model, features)
 
 
-def _token(value: float, hard: bool) -> str:
+def _token(value: float, hard: bool, binary: bool = False) -> str:
+    if hard and binary:
+        return "1.0" if value >= 0.5 else "0.0"
     if hard:
         return f"{min(max(round(float(value), 1), 0.0), 1.0):.1f}"
     return "1" if value >= 0.5 else "0"
@@ -55,7 +57,8 @@ def complete_grids(model, input_grids: Sequence, *, hard: bool, gravity_dirs=Non
         model: a :class:`~sphyr_jax.training.model.DensityNet`.
         input_grids: masked grids (text or token rows; 3D: layers of rows),
             all of one shape.
-        hard: one-decimal tokens (else ``0``/``1``).
+        hard: one-decimal tokens (``0.0``/``1.0`` for a model whose
+            ``binary_hard`` is set), else ``0``/``1``.
         gravity_dirs: load direction per grid (default: down).
 
     Returns:
@@ -67,7 +70,7 @@ def complete_grids(model, input_grids: Sequence, *, hard: bool, gravity_dirs=Non
     gravity_dirs = list(gravity_dirs) if gravity_dirs is not None else [None] * len(grids)
     feats = np.stack([grid_features(g, d) for g, d in zip(grids, gravity_dirs, strict=True)])
     rho = np.asarray(_predict(model, jnp.asarray(feats)))
-    to_token = np.vectorize(lambda v: _token(v, hard), otypes=[object])
+    to_token = np.vectorize(lambda v: _token(v, hard, model.binary_hard), otypes=[object])
     return [fill_cells(grid, to_token(values)) for grid, values in zip(grids, rho, strict=True)]
 
 

@@ -5,12 +5,13 @@
 ``ndim=3``, voxel features (channels, nz, ny, nx) to logits (nz, ny, nx) by 3D
 convolutions; a sigmoid
 turns them into densities, which callers use only on design cells.  By default
-it is exactly equivariant to the symmetries of the problem: every input is
-turned so its load points down (the canonical frame of the SPhyR generators),
-the conv net sees it and its left-right mirror image, and the averaged logits
-are turned back — so a grid turned or mirrored with its load direction gets
-the turned or mirrored completion, and the net only has to learn one
-orientation.  Checkpoints
+it is exactly equivariant to the eight symmetries of the square: every input
+is turned or mirrored so its load points down (an axis direction: the
+canonical frame of the SPhyR generators) or down-right (a diagonal), the conv
+net sees it and its image under the reflection that keeps that direction (the
+left-right mirror, or the transpose), and the averaged logits are taken back,
+so a grid turned or mirrored with its load direction gets the turned or
+mirrored completion and the net only has to learn two orientations.  Checkpoints
 are the model's leaves (``eqx.tree_serialise_leaves``) plus its architecture as
 JSON, so a model loads without the training configuration.
 """
@@ -26,7 +27,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from sphyr_jax.problem.symmetry import turn_planes, turn_vector
+from sphyr_jax.problem.symmetry import (
+    canonical_element,
+    inverse_element,
+    stabiliser,
+    transform_planes,
+    transform_vector,
+)
 from sphyr_jax.training.config import ModelConfig, model_config_from_dict
 from sphyr_jax.training.problems import CHANNELS, channels
 
@@ -34,6 +41,8 @@ _G_ROW, _G_COL = CHANNELS.index("gravity_row"), CHANNELS.index("gravity_col")
 
 WEIGHTS_FILE = "model.eqx"
 CONFIG_FILE = "model.json"
+PRETRAINED = ("physics",)
+"""Built-in checkpoints shipped in the package (``sphyr_jax/training/pretrained/<name>``)."""
 
 
 class DensityNet(eqx.Module):
@@ -44,6 +53,8 @@ class DensityNet(eqx.Module):
     supports at the bottom), the global mean lets every cell see e.g. the
     length of the load.  The 1x1 head starts at zero weights and the bias of
     ``init_density``, so every design cell starts at that density.
+    ``binary_hard``: hard subjects are written ``0.0``/``1.0``
+    (``ModelConfig.hard_values``).
     """
 
     stem: eqx.nn.Conv
@@ -52,10 +63,12 @@ class DensityNet(eqx.Module):
     head: eqx.nn.Conv
     canonical: bool = eqx.field(static=True, default=True)
     mirror_average: bool = eqx.field(static=True, default=True)
+    binary_hard: bool = eqx.field(static=True, default=False)
 
     def __init__(self, config: ModelConfig, key):
         self.canonical = config.canonical and config.ndim == 2
         self.mirror_average = config.mirror_average
+        self.binary_hard = config.hard_values == "binary"
         n = len(config.dilations)
         keys = jax.random.split(key, 2 * n + 2)
         w = config.width
@@ -82,13 +95,21 @@ class DensityNet(eqx.Module):
     def __call__(self, features: jax.Array) -> jax.Array:
         """Logits (nely, nelx) of one sample's features (C, nely, nelx).
 
-        With ``canonical``, the input is turned by -k quarter turns, k the turn
-        taking down to the axis direction nearest the load direction (on a
-        non-square grid only half turns: up -> down), its gravity channels set
-        to the turned direction, and the logits turned back by k.  With
-        ``mirror_average`` the logits of the (turned) input and of its
-        left-right mirror (gravity column negated) are averaged.  Voxel
-        features (C, nz, ny, nx) are only mirrored (their load points down).
+        With ``canonical``, the input is taken by the symmetry of
+        :func:`~sphyr_jax.problem.symmetry.canonical_element` into the
+        canonical frame (an axis load direction points down, a diagonal one
+        down-right; on a non-square grid only half turns and mirrors are
+        used), its gravity channels set to the canonical direction, and the
+        logits taken back.  With ``mirror_average`` the logits are averaged
+        over the stabiliser of the (canonical) direction
+        (:func:`~sphyr_jax.problem.symmetry.stabiliser`): with the load down,
+        the input and its left-right mirror; down-right, the input and its
+        transpose.  Both together make the model exactly equivariant under the
+        eight symmetries of the square: a grid turned or mirrored with its load
+        direction gets the turned or mirrored logits, bit for bit.  Without
+        ``canonical``, ``mirror_average`` averages the input with its
+        left-right mirror (gravity column negated).  Voxel features
+        (C, nz, ny, nx) are only mirrored (their load points down).
         """
         x = features
         if x.ndim == 4:
@@ -97,21 +118,29 @@ class DensityNet(eqx.Module):
                 xm = jnp.flip(x, axis=-1).at[-1].multiply(-1.0)  # gravity_col is last
                 z = 0.5 * (z + jnp.flip(self.net(xm), axis=-1))
             return z
+        square = x.shape[-1] == x.shape[-2]
         g = jnp.stack([features[_G_ROW, 0, 0], features[_G_COL, 0, 0]])
-        k = jnp.asarray(0)
+        mirror, k = jnp.asarray(False), jnp.asarray(0)
         if self.canonical:
-            if x.shape[-1] == x.shape[-2]:
-                k = jnp.argmax(jnp.stack([g[0], g[1], -g[0], -g[1]]))
-            else:
-                k = jnp.where(g[0] < 0, 2, 0)
-            x = turn_planes(x, -k)
-            g = turn_vector(g, -k)
-            x = x.at[_G_ROW].set(g[0]).at[_G_COL].set(g[1])
+            mirror, k = canonical_element(g, square=square)
+            x = _with_gravity(transform_planes(x, mirror, k), transform_vector(g, mirror, k))
         z = self.net(x)
         if self.mirror_average:
-            xm = jnp.flip(x, axis=-1).at[_G_COL].set(-g[1])
-            z = 0.5 * (z + jnp.flip(self.net(xm), axis=-1))
-        return turn_planes(z, k) if self.canonical else z
+            if self.canonical:
+                s_mirror, s_k = stabiliser(transform_vector(g, mirror, k), square=square)
+            else:
+                s_mirror, s_k = jnp.asarray(True), jnp.asarray(0)
+            gs = transform_vector(jnp.stack([x[_G_ROW, 0, 0], x[_G_COL, 0, 0]]), s_mirror, s_k)
+            zs = self.net(_with_gravity(transform_planes(x, s_mirror, s_k), gs))
+            z = 0.5 * (z + transform_planes(zs, *inverse_element(s_mirror, s_k)))
+        if self.canonical:
+            z = transform_planes(z, *inverse_element(mirror, k))
+        return z
+
+
+def _with_gravity(x: jax.Array, g: jax.Array) -> jax.Array:
+    """Features (C, h, w) with their gravity channels set to the direction g (2,)."""
+    return x.at[_G_ROW].set(g[0]).at[_G_COL].set(g[1])
 
 
 def init_model(config: ModelConfig, key) -> DensityNet:
@@ -156,3 +185,34 @@ def load_checkpoint(directory) -> DensityNet:
     config = model_config_from_dict(json.loads((directory / CONFIG_FILE).read_text()))
     skeleton = init_model(config, 0)
     return eqx.tree_deserialise_leaves(directory / WEIGHTS_FILE, skeleton)
+
+
+def pretrained_dir(name: str = "physics") -> pathlib.Path:
+    """The folder of a built-in checkpoint (one of :data:`PRETRAINED`).
+
+    Raises:
+        ValueError: for an unknown name.
+    """
+    if name not in PRETRAINED:
+        raise ValueError(f"no built-in checkpoint {name!r}; built-in: {', '.join(PRETRAINED)}")
+    return pathlib.Path(__file__).resolve().parent / "pretrained" / name
+
+
+def load_pretrained(name: str = "physics") -> DensityNet:
+    """A built-in checkpoint shipped with the package (:data:`PRETRAINED`).
+
+    ``physics`` is the model trained against compliance alone on problems
+    drawn by the v1 and v2 generators' rules, 10x10 and 20x20 (its training
+    configuration and command sit beside its weights: ``config.json``,
+    ``command.txt``).  float64 must be on (``sphyr_jax.enable_x64()``).
+    """
+    return load_checkpoint(pretrained_dir(name))
+
+
+def load_model(spec) -> DensityNet:
+    """A checkpoint folder, or the name of a built-in one (:data:`PRETRAINED`) when no
+    folder of that name exists."""
+    path = pathlib.Path(spec)
+    if str(spec) in PRETRAINED and not path.is_dir():
+        return load_pretrained(str(spec))
+    return load_checkpoint(path)

@@ -111,13 +111,17 @@ def build_problem(load, support, gravity, known, masked) -> tuple[LoadCase, jax.
     return case, features
 
 
-def round_to_format(x: jax.Array, hard) -> jax.Array:
+def round_to_format(x: jax.Array, hard, *, binary_hard: bool = False) -> jax.Array:
     """0/1 at threshold 0.5 (easy) or one decimal (hard), like the completions.
 
     Args:
         x: (..., nely, nelx) densities.
         hard: bool, or a bool array of x's leading (batch) shape: per-sample format.
+        binary_hard: hard cells are 0/1 too (a model whose ``hard_values`` is
+            ``"binary"``).
     """
+    if binary_hard:
+        return (x >= 0.5).astype(x.dtype)
     hard = jnp.asarray(hard)
     hard = hard.reshape(hard.shape + (1,) * (x.ndim - hard.ndim))
     return jnp.where(hard, jnp.round(x * 10.0) / 10.0, (x >= 0.5).astype(x.dtype))

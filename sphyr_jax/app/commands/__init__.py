@@ -21,6 +21,7 @@ MODULES = (
     "baselines",
     "plot",
     "evaluate",
+    "train",
     "serve",
     "export",
 )
