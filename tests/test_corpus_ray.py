@@ -44,7 +44,7 @@ def reference(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster():
-    from tests.ray_cluster import HEAD_IP, LocalCluster
+    from ray_cluster import HEAD_IP, LocalCluster
 
     nodes = LocalCluster(child_env()).start()
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import SHARED, require_shared
 
 from sphyr_jax.data import embedded, load_subject
 from sphyr_jax.data.datasets import DatasetError
@@ -17,7 +18,6 @@ from sphyr_jax.data.exclusion import (
     load_exclusion_index,
     pack_cells,
 )
-from tests.conftest import SHARED, require_shared
 
 
 def _random_layouts(rng, count, n, p=0.06):
