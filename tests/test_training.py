@@ -321,17 +321,15 @@ def _random_model(width=6):
         jax.random.PRNGKey(5), net.head.weight.shape))  # a non-constant output
 
 
-def test_model_is_exactly_equivariant_under_the_eight_symmetries(trained, data_records):
-    """Eight directions (axes and diagonals) x eight symmetries, on 10x10 and 20x20 grids,
-    for a random untrained model and a trained one: bit for bit."""
+def test_model_is_exactly_equivariant_under_the_eight_symmetries(data_records):
+    """Eight directions (axes and diagonals) x eight symmetries, on a 10x10 and a 20x20
+    grid, for a random untrained model: bit for bit (the shipped trained model gets the
+    same check in test_pretrained.py)."""
     from sphyr_jax.data.datasets import load_subject
 
-    model, _ = trained
-    v2 = load_subject(str(SETS / "dataset_v2"), "3_random_column_hard", limit=1)
     v2_20 = load_subject(str(SETS / "dataset_v2_20"), "5_random_cell_easy", limit=1)
-    records = [data_records["3_random_column_hard"][1], v2[0], v2_20[0]]
-    for net in (_random_model(), model):
-        assert_dihedral_equivariance(net, records)
+    assert_dihedral_equivariance(_random_model(),
+                                 [data_records["3_random_column_hard"][1], v2_20[0]])
     # The bare conv net (no symmetrisation) with the same weights is not equivariant.
     full = _random_model()
     rec = data_records["3_random_column_hard"][1]
