@@ -105,13 +105,19 @@ class LocalCluster:
 
         Ray reads its authentication mode when imported, so the cluster's is set
         in this process's environment first (and ``RAY_ADDRESS``, which would win
-        over the address given, removed).
+        over the address given, removed); where an earlier test of the process
+        imported Ray already, Ray's own reset makes it read the mode again.
         """
+        imported = "ray" in sys.modules
         for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_USAGE_STATS_ENABLED"):
             os.environ[key] = self.env[key]
         os.environ.pop("RAY_ADDRESS", None)
         import ray
 
+        if imported:  # an earlier test of this process imported Ray: it re-reads the mode
+            from ray._private.authentication_test_utils import reset_auth_token_state
+
+            reset_auth_token_state()
         return ray
 
     def log(self, name: str) -> str:
