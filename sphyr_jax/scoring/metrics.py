@@ -27,11 +27,9 @@ in ``benchmarks/yardstick.py``).
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import math
-import threading
 from collections.abc import Sequence
 
 import jax
@@ -59,6 +57,7 @@ from sphyr_jax.problem.loadcase import (
     with_budget,
 )
 from sphyr_jax.progress import renamed
+from sphyr_jax.runtime import bounded_cache
 from sphyr_jax.scoring.static import StaticMetrics, static_metrics_batch
 from sphyr_jax.sharding import batch_call, bucket_size, device_count
 from sphyr_jax.topopt.optimum import OptimumCache, cache_for, stored_optimum
@@ -406,27 +405,40 @@ def _read_problem(item: ScoreItem, max_cells: int | None) -> _SampleReading:
 
 MAX_CACHED_SAMPLES = 1024
 """Samples whose reading (load case, answer densities) is kept between calls, least
-recently used dropped first: a sample scored again in a later call is not read again."""
-_SAMPLES: collections.OrderedDict = collections.OrderedDict()
-_SAMPLES_LOCK = threading.Lock()
+recently used dropped first: a sample scored again in a later call is not read again
+(the registered cache ``sphyr_jax.scoring.metrics._remembered_reading``:
+:func:`sphyr_jax.runtime.set_cache_limit` changes its bound, :func:`sphyr_jax.clear_caches`
+empties it)."""
+
+
+class _Keyed:
+    """A score item under its content key: equal and hashed by the key alone, and the item
+    released once read (the cache keeps the key, not the completion)."""
+
+    __slots__ = ("key", "item")
+
+    def __init__(self, key, item):
+        self.key, self.item = key, item
+
+    def __eq__(self, other):
+        return isinstance(other, _Keyed) and self.key == other.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+
+@bounded_cache(maxsize=MAX_CACHED_SAMPLES)
+def _remembered_reading(keyed: _Keyed, max_cells: int | None) -> _SampleReading:
+    reading = _read_problem(keyed.item, max_cells)
+    keyed.item = None
+    return reading
 
 
 def _sample_reading(key, item: ScoreItem, max_cells: int | None) -> _SampleReading:
     """:func:`_read_problem`, remembered by the item's content key (None: not remembered)."""
     if key is None:
         return _read_problem(item, max_cells)
-    key = (key, max_cells)
-    with _SAMPLES_LOCK:
-        found = _SAMPLES.get(key)
-        if found is not None:
-            _SAMPLES.move_to_end(key)
-            return found
-    found = _read_problem(item, max_cells)
-    with _SAMPLES_LOCK:
-        _SAMPLES[key] = found
-        while len(_SAMPLES) > MAX_CACHED_SAMPLES:
-            _SAMPLES.popitem(last=False)
-    return found
+    return _remembered_reading(_Keyed(key, item), max_cells)
 
 
 def _prepare(item: ScoreItem, problem: _Problem, samples: list) -> _Prepared | str:
