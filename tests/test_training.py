@@ -315,8 +315,8 @@ def test_canonical_element_takes_every_direction_into_the_sector():
             np.asarray(sym.transform_planes(jnp.asarray(y), *sym.inverse_element(m, k))), x)
 
 
-def _random_model(width=6):
-    net = training.init_model(dataclasses.replace(TINY.model, width=width), 3)
+def _random_model(width=6, **options):
+    net = training.init_model(dataclasses.replace(TINY.model, width=width, **options), 3)
     return eqx.tree_at(lambda m: m.head.weight, net, jax.random.normal(
         jax.random.PRNGKey(5), net.head.weight.shape))  # a non-constant output
 
@@ -330,6 +330,9 @@ def test_model_is_exactly_equivariant_under_the_eight_symmetries(data_records):
     v2_20 = load_subject(str(SETS / "dataset_v2_20"), "5_random_cell_easy", limit=1)
     assert_dihedral_equivariance(_random_model(),
                                  [data_records["3_random_column_hard"][1], v2_20[0]])
+    # With the finite elements' energy channel (computed in the canonical frame) too.
+    assert_dihedral_equivariance(_random_model(energy_channel=True),
+                                 [data_records["full_hard"][0]])
     # The bare conv net (no symmetrisation) with the same weights is not equivariant.
     full = _random_model()
     rec = data_records["3_random_column_hard"][1]
@@ -445,3 +448,89 @@ def test_leaderboard_scores_every_group_beside_baselines_and_stored_completions(
     text = files["markdown"].read_text()
     assert "### dataset: model" in text and "| full_easy |" in text and "right" in text
     assert files["plot:dataset"].stat().st_size > 1000
+
+
+def test_energy_field_is_each_cells_strain_energy_by_a_dense_second_method():
+    """The energy channel equals $\\log(1 + e_i / \\bar e)$ with $e_i = u^T K_i u$ read off
+    the dense stiffness matrix (K with cell i emptied subtracted from K), the input's
+    masked cells solid; a turned input gets the turned field (to rounding)."""
+    feats = jnp.asarray(training.grid_features(GRID))
+    field = np.asarray(training.energy_field(feats))
+    load, support, masked = (np.asarray(feats[i]) > 0.5 for i in range(3))
+    rho = np.where(masked, 1.0, np.asarray(feats[3]))
+    case, _ = training.build_problem(jnp.asarray(load), jnp.asarray(support),
+                                     jnp.asarray([1.0, 0.0]), jnp.asarray(rho),
+                                     jnp.zeros(load.shape, bool))
+    k = fea.dense_stiffness(case, rho)
+    free = np.asarray(case.free_dofs)
+    f = np.asarray(case.force)
+    u = np.zeros_like(f)
+    u[free] = np.linalg.solve(k[np.ix_(free, free)], f[free])
+    e = np.zeros(rho.shape)
+    for idx in np.ndindex(rho.shape):
+        emptied = rho.copy()
+        emptied[idx] = 0.0
+        e[idx] = u @ (k - fea.dense_stiffness(case, emptied)) @ u
+    np.testing.assert_allclose(field, np.log1p(e / e.mean()), rtol=1e-7, atol=1e-9)
+    assert np.isclose(e.sum(), float(fea.compliance(case, rho)), rtol=1e-9)
+    turned = transform_record({"input_grid": GRID, "ground_truth": GRID}, 1)
+    other = np.asarray(training.energy_field(jnp.asarray(
+        training.grid_features(turned["input_grid"], turned["gravity_dir"]))))
+    np.testing.assert_allclose(other, np.rot90(field), rtol=1e-9, atol=1e-12)
+    # Nothing carried (no visible support): zeros, not NaN.
+    bare = [[t if t != "S" else "0" for t in row] for row in GRID]
+    np.testing.assert_array_equal(training.energy_field(jnp.asarray(
+        training.grid_features(bare))), np.zeros(rho.shape))
+
+
+def test_a_completion_that_drops_its_load_is_decoded_again_until_it_carries(data_records):
+    """``carry``: a completion the scorer finds not load carrying becomes the first design
+    of ``CARRY_THRESHOLDS`` (V cells solid where the density reaches the threshold) that the
+    scorer finds carrying; a carrying completion is left as it is."""
+    from sphyr_jax.training.evaluation import CARRY_THRESHOLDS
+
+    net = _random_model()
+    net = eqx.tree_at(lambda m: m.head.bias, net, net.head.bias - 2.0)  # sparse designs
+    cache = AnswerAsOptimum()
+
+    def carries(recs, comps):
+        per = training.score_summary(recs, comps, cache=cache)["per_record"]
+        return [bool(m["load_carrying"]) for m in per]
+
+    dropped = 0
+    for subject in ("full_easy", "full_hard", "3_random_column_hard"):
+        recs, hard = data_records[subject], subject.endswith("_hard")
+        plain = training.complete_records(net, recs, hard=hard, carry=False)
+        guarded = training.complete_records(net, recs, hard=hard)
+        assert all(carries(recs, guarded))
+        for rec, p, g, ok in zip(recs, plain, guarded, carries(recs, plain), strict=True):
+            if ok:
+                assert g == p
+                continue
+            dropped += 1
+            rho = np.asarray(training.predict(net, jnp.asarray(
+                training.grid_features(rec["input_grid"])[None])))[0]
+            masked = np.asarray(rec["input_grid"]) == "V"
+            solid = "1.0" if hard else "1"
+            tries = [np.where(masked & (rho >= t), solid, np.asarray(p)).tolist()
+                     for t in CARRY_THRESHOLDS]
+            assert g == tries[carries([rec] * len(tries), tries).index(True)]
+    assert dropped >= 2  # the path is exercised
+
+
+def test_a_large_batch_completes_as_one_grid_at_a_time():
+    """96 grids of 20x20 in one compiled call give the densities and completions of 96
+    calls of one grid (the conv net's global mixing once went wrong in XLA's CPU compiler
+    at this batch and width)."""
+    from sphyr_jax.data.datasets import load_subject
+    from sphyr_jax.training.evaluation import _predict
+
+    net = _random_model(width=48)
+    recs = load_subject(str(SETS / "dataset_v2_20"), "5_random_cell_easy", limit=96)
+    feats = jnp.asarray(np.stack([training.grid_features(r["input_grid"], r["gravity_dir"])
+                                  for r in recs]))
+    together = np.asarray(_predict(net, feats))
+    alone = np.concatenate([np.asarray(_predict(net, f[None])) for f in feats])
+    np.testing.assert_allclose(together, alone, rtol=0, atol=1e-12)
+    assert training.complete_records(net, recs, hard=False, carry=False) == [
+        training.complete_records(net, [r], hard=False, carry=False)[0] for r in recs]

@@ -32,6 +32,7 @@ from sphyr_jax.training.config import (
     train_config_from_dict,
 )
 from sphyr_jax.training.evaluation import (
+    CARRY_THRESHOLDS,
     complete_and_score,
     complete_grid,
     complete_grids,
@@ -82,6 +83,7 @@ from sphyr_jax.training.problems import (
     Pool,
     ProblemInfo,
     build_problem,
+    energy_field,
     force_vector,
     free_dofs,
     grid_features,
@@ -95,9 +97,11 @@ from sphyr_jax.training.problems import (
     sample_problem,
     sample_problems,
     variant_mask,
+    visible_load_case,
 )
 
 __all__ = [
+    "CARRY_THRESHOLDS",
     "CHANNELS",
     "PRETRAINED",
     "CanonicalSource",
@@ -118,6 +122,7 @@ __all__ = [
     "add_turned_groups",
     "batch_loss",
     "build_problem",
+    "energy_field",
     "complete_and_score",
     "complete_grid",
     "complete_grids",
@@ -162,5 +167,6 @@ __all__ = [
     "train",
     "train_config_from_dict",
     "variant_mask",
+    "visible_load_case",
     "write_leaderboard",
 ]

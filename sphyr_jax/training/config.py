@@ -201,6 +201,11 @@ class ModelConfig:
             ``0.0``/``1.0`` at threshold 0.5 (at p = 3 a grey cell is poor
             value: a 0.5 cell pays half the material for an eighth of the
             stiffness).  The loss's rounded term rounds the same way.
+        energy_channel: add one input channel computed by the finite
+            elements from the input alone: the strain energy density of the
+            input with every masked cell solid
+            (:func:`~sphyr_jax.training.problems.energy_field`), where a full
+            grid's load paths run.
     """
 
     width: int = 32
@@ -210,6 +215,7 @@ class ModelConfig:
     mirror_average: bool = True
     ndim: int = 2
     hard_values: str = "decimal"
+    energy_channel: bool = False
 
     def __post_init__(self):
         if self.ndim not in (2, 3):

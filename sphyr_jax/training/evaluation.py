@@ -1,7 +1,9 @@
 """Completing dataset inputs with a model, and scoring the completions physically.
 
 Completions keep every known token of the input and fill the ``V`` cells in
-the subject's format (``0``/``1`` at threshold 0.5, or one decimal).  They are
+the subject's format (``0``/``1`` at threshold 0.5, or one decimal); a design
+that drops its load is decoded again at lower thresholds until it carries it
+(:data:`CARRY_THRESHOLDS`).  They are
 scored like every other record of the project
 (:func:`sphyr_jax.scoring.records.score_records`: the dataset answer's boundary
 conditions and volume fraction, the record's ``input_grid`` and
@@ -15,20 +17,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from sphyr_jax.evaluation.baselines import fill_cells, fill_masked
+from sphyr_jax.fem import fea
 from sphyr_jax.problem.grids import as_grid, check_rectangular
 from sphyr_jax.scoring.records import score_records
 from sphyr_jax.topopt.optimum import OptimumCache
 from sphyr_jax.topopt.options import Yardstick
 from sphyr_jax.training.model import predict
-from sphyr_jax.training.problems import grid_features
+from sphyr_jax.training.problems import grid_features, visible_load_case
 
 SUMMARY_KEYS = ("topology_score", "load_carrying", "structural_efficiency",
                 "material_efficiency", "volume_fraction", "ground_truth_volume_fraction")
 """The metrics :func:`score_summary` averages over records."""
+
+CARRY_THRESHOLDS = (0.45, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05, 0.0)
+"""Thresholds a completion that drops its load is decoded at again, in order: every
+masked cell whose density reaches the threshold is written solid, and the first
+design that carries the load is kept (0.0: every masked cell solid)."""
 
 
 @eqx.filter_jit
@@ -50,7 +59,37 @@ def _gravity(record: dict):
     return None if g is None else tuple(g)
 
 
-def complete_grids(model, input_grids: Sequence, *, hard: bool, gravity_dirs=None) -> list:
+@jax.jit
+def _carries(features, designs):
+    """(B,) whether designs (B, *cells) — read on the masked cells, the input's known
+    cells elsewhere, visible L/S solid — carry the load their input features
+    (B, C, *cells) show, by the scorer's test (:func:`sphyr_jax.fem.fea.load_carrying`)."""
+    def case_of(f, design):
+        rho = jnp.where(f[2] > 0.5, design, jnp.clip(f[3], 0.0, 1.0))
+        rho = jnp.where((f[0] > 0.5) | (f[1] > 0.5), 1.0, rho)
+        return visible_load_case(f, rho), rho
+
+    case, rho = jax.vmap(case_of)(features, designs)
+    return fea.load_carrying(fea.compliance(case, rho), fea.compliance(case, jnp.ones_like(rho)))
+
+
+def _carrying_tokens(features: np.ndarray, rho: np.ndarray, tokens: np.ndarray,
+                     solid: str) -> np.ndarray:
+    """The tokens of each grid, decoded again where they drop the load (see
+    :data:`CARRY_THRESHOLDS`); a grid that no threshold makes carry keeps its tokens."""
+    tokens = tokens.copy()
+    dropped = ~np.asarray(_carries(jnp.asarray(features), jnp.asarray(tokens.astype(float))))
+    for i in np.flatnonzero(dropped):
+        tries = np.stack([np.where(rho[i] >= t, solid, tokens[i]) for t in CARRY_THRESHOLDS])
+        ok = np.asarray(_carries(jnp.asarray(np.repeat(features[i][None], len(tries), 0)),
+                                 jnp.asarray(tries.astype(float))))
+        if ok.any():
+            tokens[i] = tries[int(np.argmax(ok))]
+    return tokens
+
+
+def complete_grids(model, input_grids: Sequence, *, hard: bool, gravity_dirs=None,
+                   carry: bool = True) -> list:
     """Fill the ``V`` cells of many input grids of one shape (one batched forward pass).
 
     Args:
@@ -60,6 +99,11 @@ def complete_grids(model, input_grids: Sequence, *, hard: bool, gravity_dirs=Non
         hard: one-decimal tokens (``0.0``/``1.0`` for a model whose
             ``binary_hard`` is set), else ``0``/``1``.
         gravity_dirs: load direction per grid (default: down).
+        carry: check each completion with one finite-element solve under the
+            input's visible loads and supports, and decode one that drops
+            its load again at the lower thresholds of :data:`CARRY_THRESHOLDS`
+            (the first design that carries it is kept); False: the
+            densities at threshold 0.5 (or to one decimal) as they are.
 
     Returns:
         Token grids (lists of string rows, or of layers).
@@ -71,23 +115,30 @@ def complete_grids(model, input_grids: Sequence, *, hard: bool, gravity_dirs=Non
     feats = np.stack([grid_features(g, d) for g, d in zip(grids, gravity_dirs, strict=True)])
     rho = np.asarray(_predict(model, jnp.asarray(feats)))
     to_token = np.vectorize(lambda v: _token(v, hard, model.binary_hard), otypes=[object])
-    return [fill_cells(grid, to_token(values)) for grid, values in zip(grids, rho, strict=True)]
+    tokens = to_token(rho)
+    if carry:
+        tokens = _carrying_tokens(feats, rho, tokens, "1.0" if hard else "1")
+    return [fill_cells(grid, values) for grid, values in zip(grids, tokens, strict=True)]
 
 
-def complete_grid(model, input_grid, *, hard: bool, gravity_dir=None) -> list:
-    """The input grid with every ``V`` cell filled in the subject's format (token rows)."""
-    return complete_grids(model, [input_grid], hard=hard, gravity_dirs=[gravity_dir])[0]
+def complete_grid(model, input_grid, *, hard: bool, gravity_dir=None, carry: bool = True
+                  ) -> list:
+    """The input grid with every ``V`` cell filled in the subject's format (token rows;
+    ``carry``: see :func:`complete_grids`)."""
+    return complete_grids(model, [input_grid], hard=hard, gravity_dirs=[gravity_dir],
+                          carry=carry)[0]
 
 
-def complete_records(model, records: Sequence[dict], *, hard: bool) -> list:
-    """Completions of records (grouped by grid shape for batched forward passes)."""
+def complete_records(model, records: Sequence[dict], *, hard: bool, carry: bool = True) -> list:
+    """Completions of records (grouped by grid shape for batched forward passes;
+    ``carry``: see :func:`complete_grids`)."""
     by_shape: dict[tuple, list[int]] = {}
     for i, r in enumerate(records):
         by_shape.setdefault(check_rectangular(as_grid(r["input_grid"])), []).append(i)
     completions: list = [None] * len(records)
     for idx in by_shape.values():
         done = complete_grids(model, [records[i]["input_grid"] for i in idx], hard=hard,
-                              gravity_dirs=[_gravity(records[i]) for i in idx])
+                              gravity_dirs=[_gravity(records[i]) for i in idx], carry=carry)
         for i, c in zip(idx, done, strict=True):
             completions[i] = c
     return completions

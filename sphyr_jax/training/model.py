@@ -35,7 +35,7 @@ from sphyr_jax.problem.symmetry import (
     transform_vector,
 )
 from sphyr_jax.training.config import ModelConfig, model_config_from_dict
-from sphyr_jax.training.problems import CHANNELS, channels
+from sphyr_jax.training.problems import CHANNELS, channels, energy_field
 
 _G_ROW, _G_COL = CHANNELS.index("gravity_row"), CHANNELS.index("gravity_col")
 
@@ -64,16 +64,19 @@ class DensityNet(eqx.Module):
     canonical: bool = eqx.field(static=True, default=True)
     mirror_average: bool = eqx.field(static=True, default=True)
     binary_hard: bool = eqx.field(static=True, default=False)
+    energy_channel: bool = eqx.field(static=True, default=False)
 
     def __init__(self, config: ModelConfig, key):
         self.canonical = config.canonical and config.ndim == 2
         self.mirror_average = config.mirror_average
         self.binary_hard = config.hard_values == "binary"
+        self.energy_channel = config.energy_channel
         n = len(config.dilations)
         keys = jax.random.split(key, 2 * n + 2)
         w = config.width
         conv = eqx.nn.Conv2d if config.ndim == 2 else eqx.nn.Conv3d
-        self.stem = conv(len(channels(config.ndim)), w, 3, padding=1, key=keys[0])
+        inputs = len(channels(config.ndim)) + int(config.energy_channel)
+        self.stem = conv(inputs, w, 3, padding=1, key=keys[0])
         self.blocks = tuple(conv(w, w, 3, padding=d, dilation=d, key=keys[1 + i])
                             for i, d in enumerate(config.dilations))
         self.mixers = tuple(eqx.nn.Linear(w, w, key=keys[1 + n + i]) for i in range(n))
@@ -84,12 +87,24 @@ class DensityNet(eqx.Module):
                                  jnp.full_like(head.bias, math.log(p / (1.0 - p)))))
 
     def net(self, features: jax.Array) -> jax.Array:
-        """Logits (*cells) of the bare conv net (no symmetrisation) of (C, *cells)."""
+        """Logits (*cells) of the bare conv net (no symmetrisation) of (C, *cells).
+
+        With ``energy_channel`` the finite elements' reading of the input
+        (:func:`~sphyr_jax.training.problems.energy_field`) is appended to
+        its channels first.
+        """
+        if self.energy_channel:
+            features = jnp.concatenate([features, energy_field(features)[None]])
         h = self.stem(features)
         spatial = tuple(range(1, h.ndim))
+        ones = (1,) * len(spatial)
         for conv, mix in zip(self.blocks, self.mixers, strict=True):
-            g = mix(jnp.mean(h, axis=spatial))
-            h = h + conv(jax.nn.gelu(h + g.reshape(g.shape + (1,) * len(spatial))))
+            # W mean(h) + b, written on the (w, 1, ..) kept-dims mean: XLA's CPU
+            # compiler has been seen to get the plain form wrong once it is
+            # batched large (e.g. 96 grids of 20x20, width 48).
+            g = jnp.einsum("c...,dc->d...", jnp.mean(h, axis=spatial, keepdims=True),
+                           mix.weight) + mix.bias.reshape(mix.bias.shape + ones)
+            h = h + conv(jax.nn.gelu(h + g))
         return self.head(jax.nn.gelu(h))[0]
 
     def __call__(self, features: jax.Array) -> jax.Array:

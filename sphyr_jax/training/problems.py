@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sphyr_jax.fem import fea
 from sphyr_jax.problem.grids import as_grid, check_rectangular, densities_from_grid, token_masks
 from sphyr_jax.problem.loadcase import (
     DEFAULT_GRAVITY,
@@ -82,6 +83,50 @@ def input_features(load, support, masked, known, gravity) -> jax.Array:
     g = jnp.asarray(gravity, jnp.float64)
     planes = [jnp.asarray(a, jnp.float64) for a in (load, support, masked, known)]
     return jnp.stack(planes + [g[k] * ones for k in range(g.shape[0])])
+
+
+def visible_load_case(features: jax.Array, densities: jax.Array) -> LoadCase:
+    """The load case an input shows, carrying ``densities``: its visible loads and
+    supports, its load direction, ``densities`` as the pinned design (design
+    cells: the masked ones).
+
+    Args:
+        features: (C, *cells) model features (:func:`input_features`).
+        densities: (*cells) the design to carry.
+    """
+    d = features.ndim - 1
+    load, support, masked = (features[i] > 0.5 for i in range(3))
+    gravity = features[4:4 + d].reshape(d, -1)[:, 0]
+    free = free_dofs(support)
+    return LoadCase(
+        load_mask=load, support_mask=support, design_mask=masked, pinned=densities,
+        force=force_vector(load, gravity) * free, free_dofs=free, gravity=gravity,
+        volume_fraction=jnp.mean(densities))
+
+
+def energy_field(features: jax.Array, *, penal: float = 3.0) -> jax.Array:
+    """The finite elements' reading of an input: where its load paths run, (*cells).
+
+    The input's design with every masked cell solid (known cells as shown,
+    visible L/S solid) is solved under its visible loads and supports, and
+    each cell's strain energy $e_i = E(\\rho_i)\\, u_i^T K_0 u_i$ is returned
+    as $\\log(1 + e_i / \\bar e)$ ($\\bar e$ the grid's mean).  Zero where
+    nothing is carried (no visible load or support).  A function of the
+    input alone (no gradient reaches it), computed the same way for every
+    input, so a turned or mirrored input gets the turned or mirrored field
+    up to rounding; the model evaluates it in its canonical frame, which
+    keeps its equivariance exact.
+
+    Args:
+        features: (C, *cells) model features (:func:`input_features`).
+        penal: SIMP exponent of the solve.
+    """
+    rho = jnp.where(features[2] > 0.5, 1.0, jnp.clip(features[3], 0.0, 1.0))
+    case = visible_load_case(features, rho)
+    sol = fea.solve(case, rho, penal=penal, keep_factor=False)
+    e = fea.element_strain_energy(case, sol.displacements) * fea.simp_moduli(rho, penal=penal)
+    e = jnp.where(jnp.isfinite(e) & (e > 0.0), e, 0.0)
+    return jnp.log1p(e / jnp.maximum(jnp.mean(e), jnp.finfo(e.dtype).tiny))
 
 
 def build_problem(load, support, gravity, known, masked) -> tuple[LoadCase, jax.Array]:

@@ -77,6 +77,9 @@ flags.DEFINE_bool("mirror_average", _M.mirror_average, "Average over the reflect
 flags.DEFINE_enum("hard_values", _M.hard_values, ["decimal", "binary"],
                   "How hard subjects' cells are written: densities to one decimal, or "
                   "0.0/1.0 at threshold 0.5.")
+flags.DEFINE_bool("energy_channel", _M.energy_channel,
+                  "Give the model one more input channel: the strain energy density of the "
+                  "input with every masked cell solid, solved by the finite elements.")
 flags.DEFINE_float("volume_weight", _L.volume_weight, "Price on the volume fraction.")
 flags.DEFINE_float("excess_weight", _L.excess_weight,
                    "Price on the material above a problem's target volume fraction.")
@@ -158,7 +161,8 @@ def config_from_flags():
     model = training.ModelConfig(
         width=FLAGS.width, dilations=_numbers("dilations", int), init_density=FLAGS.init_density,
         canonical=FLAGS.canonical, mirror_average=FLAGS.mirror_average,
-        ndim=len(problem.shape), hard_values=FLAGS.hard_values)
+        ndim=len(problem.shape), hard_values=FLAGS.hard_values,
+        energy_channel=FLAGS.energy_channel)
     loss = training.LossConfig(
         volume_weight=FLAGS.volume_weight, excess_weight=FLAGS.excess_weight, penal=FLAGS.penal,
         initial_penal=FLAGS.initial_penal, rounded_weight=FLAGS.rounded_weight,
