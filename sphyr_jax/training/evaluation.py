@@ -25,6 +25,7 @@ from sphyr_jax.evaluation.baselines import fill_cells, fill_masked
 from sphyr_jax.fem import fea
 from sphyr_jax.problem.grids import as_grid, check_rectangular
 from sphyr_jax.scoring.records import score_records
+from sphyr_jax.sharding import batch_call
 from sphyr_jax.topopt.optimum import OptimumCache
 from sphyr_jax.topopt.options import Yardstick
 from sphyr_jax.training.model import predict
@@ -59,32 +60,37 @@ def _gravity(record: dict):
     return None if g is None else tuple(g)
 
 
-@jax.jit
 def _carries(features, designs):
     """(B,) whether designs (B, *cells) — read on the masked cells, the input's known
     cells elsewhere, visible L/S solid — carry the load their input features
-    (B, C, *cells) show, by the scorer's test (:func:`sphyr_jax.fem.fea.load_carrying`)."""
-    def case_of(f, design):
-        rho = jnp.where(f[2] > 0.5, design, jnp.clip(f[3], 0.0, 1.0))
-        rho = jnp.where((f[0] > 0.5) | (f[1] > 0.5), 1.0, rho)
-        return visible_load_case(f, rho), rho
+    (B, C, *cells) show: the scorer's test (:func:`sphyr_jax.fem.fea.analyze`)."""
+    rho = jnp.where(features[:, 2] > 0.5, designs, jnp.clip(features[:, 3], 0.0, 1.0))
+    case = jax.vmap(visible_load_case)(features, rho)
+    return fea.analyze(case, case.pinned).load_carrying
 
-    case, rho = jax.vmap(case_of)(features, designs)
-    return fea.load_carrying(fea.compliance(case, rho), fea.compliance(case, jnp.ones_like(rho)))
+
+def _carrying(features: np.ndarray, designs: np.ndarray) -> np.ndarray:
+    """:func:`_carries` as NumPy, one compiled program per batch-size bucket."""
+    return np.asarray(batch_call(_carries, np.asarray(features, np.float64),
+                                 np.asarray(designs, np.float64), num_devices=1))
 
 
 def _carrying_tokens(features: np.ndarray, rho: np.ndarray, tokens: np.ndarray,
                      solid: str) -> np.ndarray:
     """The tokens of each grid, decoded again where they drop the load (see
-    :data:`CARRY_THRESHOLDS`); a grid that no threshold makes carry keeps its tokens."""
+    :data:`CARRY_THRESHOLDS`; every retry of every such grid in one batched check);
+    a grid that no threshold makes carry keeps its tokens."""
+    dropped = np.flatnonzero(~_carrying(features, tokens.astype(float)))
+    if not dropped.size:
+        return tokens
+    n = len(CARRY_THRESHOLDS)
+    tries = np.stack([np.where(rho[dropped] >= t, solid, tokens[dropped])
+                      for t in CARRY_THRESHOLDS], axis=1)  # (k, n, *cells)
+    ok = _carrying(np.repeat(features[dropped], n, axis=0),
+                   tries.reshape((-1,) + tries.shape[2:]).astype(float)).reshape(-1, n)
+    fixed = ok.any(axis=1)
     tokens = tokens.copy()
-    dropped = ~np.asarray(_carries(jnp.asarray(features), jnp.asarray(tokens.astype(float))))
-    for i in np.flatnonzero(dropped):
-        tries = np.stack([np.where(rho[i] >= t, solid, tokens[i]) for t in CARRY_THRESHOLDS])
-        ok = np.asarray(_carries(jnp.asarray(np.repeat(features[i][None], len(tries), 0)),
-                                 jnp.asarray(tries.astype(float))))
-        if ok.any():
-            tokens[i] = tries[int(np.argmax(ok))]
+    tokens[dropped[fixed]] = tries[fixed, ok[fixed].argmax(axis=1)]
     return tokens
 
 

@@ -35,7 +35,7 @@ from sphyr_jax.problem.symmetry import (
     transform_vector,
 )
 from sphyr_jax.training.config import ModelConfig, model_config_from_dict
-from sphyr_jax.training.problems import CHANNELS, channels, energy_field
+from sphyr_jax.training.problems import CHANNELS, channels, energy_field, feature_gravity
 
 _G_ROW, _G_COL = CHANNELS.index("gravity_row"), CHANNELS.index("gravity_col")
 
@@ -134,7 +134,7 @@ class DensityNet(eqx.Module):
                 z = 0.5 * (z + jnp.flip(self.net(xm), axis=-1))
             return z
         square = x.shape[-1] == x.shape[-2]
-        g = jnp.stack([features[_G_ROW, 0, 0], features[_G_COL, 0, 0]])
+        g = feature_gravity(features)
         mirror, k = jnp.asarray(False), jnp.asarray(0)
         if self.canonical:
             mirror, k = canonical_element(g, square=square)
@@ -145,7 +145,7 @@ class DensityNet(eqx.Module):
                 s_mirror, s_k = stabiliser(transform_vector(g, mirror, k), square=square)
             else:
                 s_mirror, s_k = jnp.asarray(True), jnp.asarray(0)
-            gs = transform_vector(jnp.stack([x[_G_ROW, 0, 0], x[_G_COL, 0, 0]]), s_mirror, s_k)
+            gs = transform_vector(feature_gravity(x), s_mirror, s_k)
             zs = self.net(_with_gravity(transform_planes(x, s_mirror, s_k), gs))
             z = 0.5 * (z + transform_planes(zs, *inverse_element(s_mirror, s_k)))
         if self.canonical:

@@ -85,23 +85,44 @@ def input_features(load, support, masked, known, gravity) -> jax.Array:
     return jnp.stack(planes + [g[k] * ones for k in range(g.shape[0])])
 
 
+def feature_gravity(features: jax.Array) -> jax.Array:
+    """The load direction (d,) a model input (C, *cells) carries in its gravity channels."""
+    d = features.ndim - 1
+    return features[4:4 + d].reshape(d, -1)[:, 0]
+
+
+def problem_load_case(load, support, gravity, known, masked) -> LoadCase:
+    """The load case of a problem: its loads pushing along ``gravity``, its supports
+    fixed, ``known`` as the pinned densities with L/S solid (their volume fraction
+    the budget), the masked non-L/S cells free to design.
+
+    Args:
+        load: (*cells) bool, L cells.
+        support: (*cells) bool, S cells.
+        gravity: (d,) unit load direction.
+        known: (*cells) densities of the non-L/S cells.
+        masked: (*cells) bool, V cells.
+    """
+    structural = load | support
+    pinned = jnp.where(structural, 1.0, known)
+    free = free_dofs(support)
+    return LoadCase(
+        load_mask=load, support_mask=support, design_mask=masked & ~structural,
+        pinned=pinned, force=force_vector(load, gravity) * free, free_dofs=free,
+        gravity=jnp.asarray(gravity, jnp.float64), volume_fraction=jnp.mean(pinned))
+
+
 def visible_load_case(features: jax.Array, densities: jax.Array) -> LoadCase:
     """The load case an input shows, carrying ``densities``: its visible loads and
-    supports, its load direction, ``densities`` as the pinned design (design
-    cells: the masked ones).
+    supports, its load direction, ``densities`` (visible L/S solid) as the pinned
+    design (:func:`problem_load_case`).
 
     Args:
         features: (C, *cells) model features (:func:`input_features`).
         densities: (*cells) the design to carry.
     """
-    d = features.ndim - 1
     load, support, masked = (features[i] > 0.5 for i in range(3))
-    gravity = features[4:4 + d].reshape(d, -1)[:, 0]
-    free = free_dofs(support)
-    return LoadCase(
-        load_mask=load, support_mask=support, design_mask=masked, pinned=densities,
-        force=force_vector(load, gravity) * free, free_dofs=free, gravity=gravity,
-        volume_fraction=jnp.mean(densities))
+    return problem_load_case(load, support, feature_gravity(features), densities, masked)
 
 
 def energy_field(features: jax.Array, *, penal: float = 3.0) -> jax.Array:
@@ -144,15 +165,9 @@ def build_problem(load, support, gravity, known, masked) -> tuple[LoadCase, jax.
         densities are ``known`` with L/S solid and whose budget is their volume
         fraction; features (len(CHANNELS), nely, nelx)).
     """
-    structural = load | support
-    pinned = jnp.where(structural, 1.0, known)
-    free = free_dofs(support)
-    case = LoadCase(
-        load_mask=load, support_mask=support, design_mask=masked & ~structural,
-        pinned=pinned, force=force_vector(load, gravity) * free, free_dofs=free,
-        gravity=jnp.asarray(gravity, jnp.float64), volume_fraction=jnp.mean(pinned))
+    case = problem_load_case(load, support, gravity, known, masked)
     features = input_features(load & ~masked, support & ~masked, masked,
-                              jnp.where(masked, 0.0, pinned), gravity)
+                              jnp.where(masked, 0.0, case.pinned), gravity)
     return case, features
 
 
